@@ -1,0 +1,3 @@
+"""A Python endpoint picker for LLM inference (Gateway API Inference Extension compatible)."""
+
+__version__ = "0.1.0"

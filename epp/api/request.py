@@ -1,0 +1,191 @@
+"""OpenAI request bodies → `InferenceRequest`, the one request type every layer below reads.
+
+Parsing follows the reference's `openai-parser`: the API is chosen by the path suffix (unknown
+paths are treated as completions), the body must be a JSON object with a string `model`, and the
+field the API needs (`prompt`, `messages`, ...) must be present and non-empty.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from epp.errors import Code, EppError
+
+CHARS_PER_TOKEN = 4  # the reference's fixed estimate; also used by the prefix hasher
+
+
+class Api(str, enum.Enum):
+    COMPLETIONS = "completions"
+    CHAT_COMPLETIONS = "chat/completions"
+    RESPONSES = "responses"
+    CONVERSATIONS = "conversations"
+    EMBEDDINGS = "embeddings"
+
+
+# Longest suffix first, so "/chat/completions" is not taken for "/completions".
+_PATH_SUFFIXES: tuple[tuple[str, Api], ...] = (
+    ("/chat/completions", Api.CHAT_COMPLETIONS),
+    ("/completions", Api.COMPLETIONS),
+    ("/responses", Api.RESPONSES),
+    ("/conversations", Api.CONVERSATIONS),
+    ("/embeddings", Api.EMBEDDINGS),
+)
+
+
+def api_for_path(path: str) -> Api:
+    path = path.split("?", 1)[0].rstrip("/")
+    for suffix, api in _PATH_SUFFIXES:
+        if path.endswith(suffix):
+            return api
+    return Api.COMPLETIONS
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """A parsed inference request plus the routing context the proxy sent with it."""
+
+    request_id: str
+    api: Api
+    model: str  # as the client sent it
+    target_model: str  # after rewrite; what the model server is asked for
+    body: dict[str, Any] | None  # None for header-only requests
+    prompt: bytes = b""  # the text prefix-affinity hashes (see `prompt_bytes`)
+    stream: bool = False
+    max_tokens: int | None = None
+    cache_salt: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    objective: str = ""
+    priority: int = 0
+    fairness_id: str = "default-flow"
+    body_size: int = 0
+    subset: list[str] | None = None  # proxy's subset hint (ip or ip:port); None = no hint
+
+    @property
+    def sheddable(self) -> bool:
+        return self.priority < 0
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        return len(self.prompt) // CHARS_PER_TOKEN
+
+    @property
+    def model_rewritten(self) -> bool:
+        return self.target_model != self.model
+
+
+def _bad(message: str) -> EppError:
+    return EppError(Code.BAD_REQUEST, message, reason="bad_request")
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """JSON object or a 400. orjson also rejects invalid UTF-8, which is what we want."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _bad(f"error unmarshaling request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise _bad("error unmarshaling request body: not a JSON object")
+    return body
+
+
+def _nonempty(value: Any) -> bool:
+    return value is not None and value != "" and value != [] and value != {}
+
+
+def prompt_bytes(api: Api, body: dict[str, Any]) -> bytes:
+    """The bytes prefix affinity hashes, per API, as the reference chooses them.
+
+    Chat messages are serialised as JSON so role boundaries count; a completions prompt list is
+    joined with spaces; token-id prompts are serialised as JSON too (stable, C speed).
+    """
+    if api is Api.COMPLETIONS:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return prompt.encode()
+        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            return " ".join(prompt).encode()
+        return orjson.dumps(prompt)
+    if api is Api.CHAT_COMPLETIONS:
+        messages = body.get("messages") or []
+        return orjson.dumps(
+            [{"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m for m in messages]
+        )
+    if api is Api.RESPONSES:
+        parts: list[dict[str, Any]] = []
+        if "instructions" in body:
+            parts.append({"instructions": body["instructions"]})
+        if "tools" in body:
+            parts.append({"tools": body["tools"]})
+        parts.append({"input": body.get("input")})
+        return orjson.dumps(parts)
+    if api is Api.CONVERSATIONS:
+        return orjson.dumps(body.get("items"))
+    return orjson.dumps(body.get("input"))
+
+
+def _validate(api: Api, body: dict[str, Any]) -> None:
+    if api is Api.CHAT_COMPLETIONS:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("invalid chat completions request: must have valid messages field")
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _bad("invalid chat completions request: each message needs a string role")
+            content = message.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise _bad("invalid chat completions request: content must be a string or a list of parts")
+    elif api is Api.COMPLETIONS:
+        prompt = body.get("prompt")
+        if not _nonempty(prompt) or not isinstance(prompt, (str, list)):
+            raise _bad("invalid completions request: must have valid prompt field")
+    elif api is Api.RESPONSES:
+        if not _nonempty(body.get("input")):
+            raise _bad("invalid responses request: must have input field")
+    elif api is Api.CONVERSATIONS:
+        if not isinstance(body.get("items"), list) or not body["items"]:
+            raise _bad("invalid conversations request: must have items field")
+    elif not _nonempty(body.get("input")):
+        raise _bad("invalid embeddings request: must have input field")
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def parse_request(
+    raw: bytes,
+    *,
+    path: str,
+    request_id: str,
+    headers: dict[str, str] | None = None,
+    model_rewrite: str = "",
+) -> InferenceRequest:
+    """Parse and validate a request body. Raises `EppError` (400) with a clear message."""
+    body = parse_body(raw)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model not found in request body")
+    api = api_for_path(path)
+    _validate(api, body)
+    salt = body.get("cache_salt")
+    return InferenceRequest(
+        request_id=request_id,
+        api=api,
+        model=model,
+        target_model=model_rewrite or model,
+        body=body,
+        prompt=prompt_bytes(api, body),
+        stream=body.get("stream") is True,
+        max_tokens=_max_tokens(body),
+        cache_salt=salt if isinstance(salt, str) else "",
+        headers=headers or {},
+        body_size=len(raw),
+    )

@@ -1,0 +1,101 @@
+"""`epp`: one entry point for serving, simulating and inspecting."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from epp import __version__
+
+
+def _run_async(coro) -> None:  # type: ignore[no-untyped-def]
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from epp.config.options import options_from_args
+    from epp.config.params import ConfigError
+    from epp.observability.logging import setup_logging
+    from epp.runner import serve
+
+    options = options_from_args(args)
+    setup_logging(options.v)
+    try:
+        _run_async(serve(options))
+    except ConfigError as exc:
+        print(f"error: invalid config: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from epp.config.loader import load_config
+    from epp.config.params import ConfigError
+    from epp.datastore import Datastore
+
+    text = open(args.config_file).read() if args.config_file else None
+    try:
+        loaded = load_config(text, Datastore())
+    except ConfigError as exc:
+        print(f"invalid: {exc}", file=sys.stderr)
+        return 2
+    print(f"ok: profiles {', '.join(loaded.scheduler.profiles)}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from epp.local.demo import run_demo
+
+    return run_demo(duration=args.duration, pods=args.pods)
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from epp.sim.cli import run
+
+    return run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epp", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"epp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from epp.config.options import add_serve_arguments
+
+    serve = sub.add_parser("serve", help="run the endpoint picker (Envoy ext_proc service)")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check-config", help="validate an EndpointPickerConfig file")
+    check.add_argument("config_file", nargs="?", default="", help="YAML file; none checks the built-in default")
+    check.set_defaults(func=cmd_check_config)
+
+    demo = sub.add_parser("demo", help="Envoy + EPP + simulated vLLM pods on localhost, with traffic and a summary")
+    demo.add_argument("--duration", type=float, default=20.0, help="seconds of traffic")
+    demo.add_argument("--pods", type=int, default=3, help="simulated model-server pods")
+    demo.set_defaults(func=cmd_demo)
+
+    sim = sub.add_parser("sim", help="run simulated vLLM pods over HTTP")
+    try:
+        from epp.sim.cli import add_arguments
+
+        add_arguments(sim)
+    except ImportError:
+        pass
+    sim.set_defaults(func=cmd_sim)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Command-line options of `epp serve`, with the reference EPP's flag names and defaults."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from epp.config.params import parse_duration
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "t", "true", "yes", "on"):
+        return True
+    if value in ("0", "f", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@dataclass(slots=True)
+class Options:
+    grpc_port: int = 9002
+    grpc_health_port: int = 9003
+    metrics_port: int = 9090
+    bind_address: str = "0.0.0.0"
+    config_file: str = ""
+    config_text: str = ""
+    refresh_metrics_interval: float = 0.05
+    refresh_prometheus_metrics_interval: float = 5.0
+    metrics_staleness_threshold: float = 2.0
+    secure_serving: bool = True
+    cert_path: str = ""
+    enable_cert_reload: bool = False
+    health_checking: bool = False
+    static_endpoints: str = ""
+    static_endpoints_file: str = ""
+    pool_name: str = ""
+    pool_namespace: str = ""
+    disable_endpoint_subset_filter: bool = False
+    max_request_body_bytes: int = 32 << 20
+    v: int = 2
+
+
+def add_bool(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
+    """A Go-style boolean flag: `--x`, `--x=true`, `--x=false`."""
+    parser.add_argument(flag, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    d = Options()
+    parser.add_argument("--grpc-port", type=int, default=d.grpc_port, help="ext_proc gRPC port")
+    parser.add_argument("--grpc-health-port", type=int, default=d.grpc_health_port, help="gRPC health port (plaintext)")
+    parser.add_argument("--metrics-port", type=int, default=d.metrics_port, help="Prometheus /metrics port")
+    parser.add_argument("--bind-address", default=d.bind_address, help="address the servers listen on")
+    parser.add_argument("--config-file", default="", help="EndpointPickerConfig YAML file")
+    parser.add_argument("--config-text", default="", help="EndpointPickerConfig YAML text")
+    parser.add_argument("--refresh-metrics-interval", type=_duration, default=d.refresh_metrics_interval,
+                        metavar="DURATION", help="model-server scrape period per endpoint (default 50ms)")
+    parser.add_argument("--refresh-prometheus-metrics-interval", type=_duration,
+                        default=d.refresh_prometheus_metrics_interval, metavar="DURATION",
+                        help="accepted for compatibility; pool gauges are computed at scrape time")
+    parser.add_argument("--metrics-staleness-threshold", type=_duration, default=d.metrics_staleness_threshold,
+                        metavar="DURATION", help="metrics older than this are left out of pool gauges (default 2s)")
+    add_bool(parser, "--secure-serving", d.secure_serving, "TLS on the ext_proc port (default true)")
+    parser.add_argument("--cert-path", default="", help="directory with tls.crt and tls.key; empty: self-signed")
+    add_bool(parser, "--enable-cert-reload", d.enable_cert_reload, "re-read the certificate when it changes")
+    add_bool(parser, "--health-checking", d.health_checking, "also serve gRPC health on the ext_proc port")
+    parser.add_argument("--static-endpoints", default="", metavar="IP:PORT,...",
+                        help="static endpoints (no Kubernetes), comma-separated")
+    parser.add_argument("--static-endpoints-file", default="", metavar="PATH",
+                        help="static endpoints from a file (YAML list or one per line); reloaded on change")
+    parser.add_argument("--pool-name", default="", help="InferencePool name (reported in metrics)")
+    parser.add_argument("--pool-namespace", default="", help="InferencePool namespace")
+    add_bool(parser, "--disable-endpoint-subset-filter", d.disable_endpoint_subset_filter,
+             "ignore the proxy's x-gateway-destination-endpoint-subset hint")
+    parser.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
+                        help="larger request bodies are rejected with 413")
+    parser.add_argument("--v", "-v", dest="v", type=int, default=d.v, metavar="LEVEL",
+                        help="log verbosity: 1 warnings, 2 default, 3 verbose, 4 debug (decision traces), 5 trace")
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    values = {name: getattr(args, name) for name in Options.__dataclass_fields__ if hasattr(args, name)}
+    options = Options(**values)
+    if options.config_file and options.config_text:
+        raise SystemExit("error: --config-file and --config-text are mutually exclusive")
+    return options

@@ -1,0 +1,92 @@
+"""An endpoint (one port of one model-server pod) and the signals we hold about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def join_host_port(ip: str, port: int) -> str:
+    """`ip:port`, with IPv6 bracketed, as Go's JoinHostPort writes it (the wire format)."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """Inverse of `join_host_port`; raises ValueError on anything else."""
+    address = address.strip()
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        if not rest.startswith(":"):
+            raise ValueError(f"invalid endpoint address {address!r}")
+        port = rest[1:]
+    else:
+        host, sep, port = address.rpartition(":")
+        if not sep or ":" in host:
+            raise ValueError(f"invalid endpoint address {address!r}")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid endpoint address {address!r}")
+    return host, int(port)
+
+
+@dataclass(slots=True, frozen=True)
+class EndpointMetrics:
+    """One scrape of a model server, immutable so a reader never sees half an update.
+
+    `update_time` is on the datastore's clock (monotonic seconds); 0.0 means never scraped.
+    """
+
+    waiting_queue_size: int = 0
+    running_requests: int = 0
+    kv_cache_usage: float = 0.0  # fraction 0..1
+    active_models: frozenset[str] = frozenset()  # LoRA adapters running
+    waiting_models: frozenset[str] = frozenset()  # LoRA adapters waiting
+    max_active_models: int = 0  # max_lora
+    cache_block_size: int = 0  # tokens per KV block
+    cache_num_blocks: int = 0  # KV blocks on the device
+    update_time: float = 0.0
+
+
+EMPTY_METRICS = EndpointMetrics()
+
+
+@dataclass(slots=True, frozen=True)
+class EndpointSpec:
+    """What discovery knows about an endpoint: identity and where to scrape it."""
+
+    name: str  # pod name, with `-rank-<i>` for the i-th target port when a pod has several
+    ip: str
+    port: int
+    namespace: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    engine: str = "vllm"
+    metrics_port: int = 0  # 0: scrape on `port`
+
+    @property
+    def address(self) -> str:
+        return join_host_port(self.ip, self.port)
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    """A live endpoint. Discovery owns `spec`; the data layer owns `metrics` and `scrape_error`;
+    request control owns the in-flight counters (exact, unlike the scraped signals)."""
+
+    spec: EndpointSpec
+    metrics: EndpointMetrics = EMPTY_METRICS
+    scrape_error: str = ""
+    inflight_requests: int = 0
+    inflight_tokens: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.labels = dict(self.spec.labels)
+
+    @property
+    def address(self) -> str:
+        return self.spec.address
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.spec.address})"

@@ -1,0 +1,128 @@
+"""Builders for the Envoy ext_proc messages the EPP sends. Envoy-specific, nothing else here."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from epp.errors import EppError
+
+DESTINATION = "x-gateway-destination-endpoint"
+DESTINATION_SERVED = "x-gateway-destination-endpoint-served"
+DESTINATION_SUBSET = "x-gateway-destination-endpoint-subset"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+
+# Chunks stay under the 64 KiB message limit some Envoys have (the reference's BodyByteLimit).
+BODY_CHUNK_BYTES = 62_000
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def header_mutation(set_headers: dict[str, str], remove: list[str] | None = None) -> pb.HeaderMutation:
+    return pb.HeaderMutation(
+        set_headers=[
+            base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE)
+            for k, v in set_headers.items()
+        ],
+        remove_headers=remove or [],
+    )
+
+
+def destination_metadata(destination: str) -> struct_pb2.Struct:
+    """`envoy.lb / x-gateway-destination-endpoint`, the same string as the header."""
+    metadata = struct_pb2.Struct()
+    metadata.update({LB_NAMESPACE: {DESTINATION: destination}})
+    return metadata
+
+
+def request_headers_response(
+    set_headers: dict[str, str], remove: list[str] | None = None, destination: str = ""
+) -> pb.ProcessingResponse:
+    response = pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=header_mutation(set_headers, remove), clear_route_cache=True)
+        )
+    )
+    if destination:
+        response.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    return response
+
+
+def empty_request_headers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+
+
+def streamed_request_body(body: bytes) -> list[pb.ProcessingResponse]:
+    """The body as `StreamedBodyResponse` chunks of at most 62,000 bytes; EOS on the last one.
+    An empty body still gets one (empty, EOS) chunk."""
+    view = memoryview(body)
+    chunks = [bytes(view[i : i + BODY_CHUNK_BYTES]) for i in range(0, len(body), BODY_CHUNK_BYTES)] or [b""]
+    last = len(chunks) - 1
+    return [
+        pb.ProcessingResponse(
+            request_body=pb.BodyResponse(
+                response=pb.CommonResponse(
+                    body_mutation=pb.BodyMutation(
+                        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=i == last)
+                    )
+                )
+            )
+        )
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def buffered_request_body(
+    set_headers: dict[str, str], remove: list[str], destination: str, body: bytes | None
+) -> pb.ProcessingResponse:
+    """BUFFERED mode: the destination rides on the body reply (headers were answered already)."""
+    common = pb.CommonResponse(header_mutation=header_mutation(set_headers, remove), clear_route_cache=True)
+    if body is not None:
+        common.body_mutation.CopyFrom(pb.BodyMutation(body=body))
+    response = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    response.dynamic_metadata.CopyFrom(destination_metadata(destination))
+    return response
+
+
+def response_headers_response(set_headers: dict[str, str]) -> pb.ProcessingResponse:
+    common = pb.CommonResponse()
+    if set_headers:
+        common.header_mutation.CopyFrom(header_mutation(set_headers))
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
+
+
+def streamed_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        response_body=pb.BodyResponse(
+            response=pb.CommonResponse(
+                body_mutation=pb.BodyMutation(
+                    streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
+                )
+            )
+        )
+    )
+
+
+def buffered_response_body(body: bytes | None) -> pb.ProcessingResponse:
+    common = pb.CommonResponse()
+    if body is not None:
+        common.body_mutation.CopyFrom(pb.BodyMutation(body=body))
+    return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+
+
+def response_trailers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def immediate_response(error: EppError) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=error.http_status),
+            headers=header_mutation({"content-type": "text/plain; charset=utf-8"}),
+            body=error.body(),
+            details=error.reason,
+        )
+    )

@@ -1,0 +1,44 @@
+"""The ext_proc gRPC service: one `RequestStream` per `Process` stream."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from epp.extproc.stream import RequestStream
+from epp.requestcontrol.director import Director
+
+log = logging.getLogger("epp.extproc")
+
+DEFAULT_MAX_BODY_BYTES = 32 << 20
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
+    def __init__(self, director: Director, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.director = director
+        self.max_body_bytes = max_body_bytes
+        self.active_streams = 0
+
+    async def Process(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = RequestStream(self.director, self.max_body_bytes)
+        self.active_streams += 1
+        try:
+            async for message in request_iterator:
+                for response in await stream.handle(message):
+                    yield response
+                    if response.HasField("immediate_response"):
+                        return
+        finally:
+            # Runs on normal end, client cancel (CancelledError) and errors alike.
+            stream.close()
+            self.active_streams -= 1
+
+
+def add_to_server(servicer: ExternalProcessor, server: grpc.aio.Server) -> None:
+    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)

@@ -1,0 +1,183 @@
+"""Request control: the path from a parsed request to a pick, and from a response to accounting.
+
+The director owns the EPP's exact in-flight accounting: a request counts against its endpoint
+from the moment it is picked (so a burst between two scrapes spreads) until it ends, and it is
+released exactly once whatever way it ends (response done, error, client gone, stream reset).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from epp.api.request import InferenceRequest
+from epp.api.response import Usage
+from epp.datastore import Datastore, Endpoint, split_host_port
+from epp.errors import Code, EppError
+from epp.flowcontrol.admission import Admission
+from epp.observability.metrics import EppMetrics
+from epp.scheduling.framework import PreRequest, ResponseComplete, ResponseReceived, SchedulingResult
+from epp.scheduling.scheduler import Scheduler
+
+log = logging.getLogger("epp.requestcontrol")
+
+
+@dataclass(slots=True)
+class Decision:
+    """The outcome of one request's admission and scheduling."""
+
+    targets: list[Endpoint]
+    body: bytes | None  # the body to forward when we changed it; None forwards the client's bytes
+    result: SchedulingResult | None = None  # None for header-only requests
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Accounting for one in-flight request; `release` makes ending idempotent."""
+
+    request: InferenceRequest
+    endpoint: Endpoint | None = None
+    tokens: int = 0
+    start: float = field(default_factory=time.monotonic)
+    first_byte: float = 0.0
+    released: bool = False
+    error_code: str = ""
+
+
+class Director:
+    def __init__(
+        self,
+        datastore: Datastore,
+        scheduler: Scheduler,
+        admission: Admission,
+        *,
+        pre_request: list[PreRequest] | None = None,
+        response_received: list[ResponseReceived] | None = None,
+        response_complete: list[ResponseComplete] | None = None,
+        metrics: EppMetrics | None = None,
+        subset_filter: bool = True,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.datastore = datastore
+        self.scheduler = scheduler
+        self.admission = admission
+        self.pre_request = pre_request or []
+        self.response_received = response_received or []
+        self.response_complete = response_complete or []
+        self.metrics = metrics
+        self.subset_filter = subset_filter
+        self._rng = rng or random.Random()
+
+    # -- request path --
+
+    def candidates(self, request: InferenceRequest) -> list[Endpoint]:
+        """The pool's endpoints, narrowed by the proxy's subset hint when it sent one.
+
+        Hint entries match by IP, or by exact ip:port when a port is given (the reference matches
+        IP only; matching the port too is what the spec intends for data-parallel ranks).
+        """
+        endpoints = list(self.datastore.endpoints())
+        if request.subset is None or not self.subset_filter:
+            return endpoints
+        ips: set[str] = set()
+        addresses: set[str] = set()
+        for entry in request.subset:
+            entry = entry.strip()
+            try:
+                split_host_port(entry)
+                addresses.add(entry)
+            except ValueError:
+                ips.add(entry.strip("[]"))
+        return [ep for ep in endpoints if ep.spec.ip in ips or ep.address in addresses]
+
+    async def handle_request(self, request: InferenceRequest) -> tuple[Decision, RequestRecord]:
+        """Admit and schedule a request with a body. Raises `EppError` to end it."""
+        if request.objective:
+            request.priority = self.datastore.objective_priority(request.objective)
+        if self.metrics:
+            self.metrics.request_received(request)
+        candidates = self.candidates(request)
+        if not candidates:
+            raise EppError(
+                Code.SERVICE_UNAVAILABLE,
+                "failed to find endpoint candidates for serving the request",
+                reason="no_candidates",
+            )
+        result = await self.admission.run(request, candidates, self._schedule)
+        record = self._account(request, result.primary)
+        for plugin in self.pre_request:
+            plugin.pre_request(request, result)
+        return Decision(targets=result.targets, body=self._body(request), result=result), record
+
+    def handle_headers_only(self, request: InferenceRequest) -> tuple[Decision, RequestRecord]:
+        """A request without a body: a uniformly random candidate, as the reference does."""
+        candidates = self.candidates(request)
+        if not candidates:
+            if request.subset is not None:
+                raise EppError(
+                    Code.SERVICE_UNAVAILABLE,
+                    "failed to find endpoint candidates for serving the request",
+                    reason="no_candidates",
+                )
+            raise EppError(Code.INTERNAL, "no pods available in datastore", reason="no_endpoints")
+        endpoint = self._rng.choice(candidates)
+        return Decision(targets=[endpoint], body=None), self._account(request, endpoint)
+
+    def _schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+        start = time.perf_counter()
+        try:
+            result = self.scheduler.schedule(request, candidates)
+        except EppError:
+            if self.metrics:
+                self.metrics.scheduled(request, None, time.perf_counter() - start)
+            raise
+        if self.metrics:
+            self.metrics.scheduled(request, result.primary, time.perf_counter() - start)
+        return result
+
+    def _account(self, request: InferenceRequest, endpoint: Endpoint) -> RequestRecord:
+        tokens = request.prompt_tokens_estimate + (request.max_tokens or 0)
+        endpoint.inflight_requests += 1
+        endpoint.inflight_tokens += tokens
+        if self.metrics:
+            self.metrics.running_changed(request.model, +1)
+        return RequestRecord(request=request, endpoint=endpoint, tokens=tokens)
+
+    @staticmethod
+    def _body(request: InferenceRequest) -> bytes | None:
+        """Re-serialise only when we changed the body (unlike the reference, which always does)."""
+        if request.body is None or not request.model_rewritten:
+            return None
+        request.body["model"] = request.target_model
+        return orjson.dumps(request.body)
+
+    # -- response path --
+
+    def on_response_headers(self, record: RequestRecord, served: str) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for plugin in self.response_received:
+            headers.update(plugin.response_received(record.request, served))
+        return headers
+
+    def release(self, record: RequestRecord, usage: Usage | None = None, response_bytes: int = 0) -> None:
+        """End a request's accounting. Safe to call more than once; only the first call counts."""
+        if record.released:
+            return
+        record.released = True
+        endpoint = record.endpoint
+        if endpoint is not None:
+            endpoint.inflight_requests = max(0, endpoint.inflight_requests - 1)
+            endpoint.inflight_tokens = max(0, endpoint.inflight_tokens - record.tokens)
+        for plugin in self.response_complete:
+            try:
+                plugin.response_complete(record.request, endpoint)
+            except Exception:  # a plugin must never leak the request's accounting
+                log.exception("response-complete plugin %s failed", plugin.name)
+        if self.metrics:
+            if endpoint is not None:
+                self.metrics.running_changed(record.request.model, -1)
+            self.metrics.request_finished(record, usage, response_bytes)

@@ -1,0 +1,132 @@
+"""The composition root: builds a running EPP from `Options` and tears it down cleanly.
+
+Tests and the demo use `EndpointPicker` in-process (ports may be 0 to pick free ones); `epp serve`
+runs one until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+
+from epp.config.loader import LoadedConfig, load_config
+from epp.config.options import Options
+from epp.datalayer.scraper import MetricsScraper
+from epp.datastore import Datastore
+from epp.discovery.base import Discovery
+from epp.discovery.static import StaticDiscovery, parse_endpoint_list
+from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.extproc.tls import server_credentials
+from epp.flowcontrol.admission import LegacyAdmission
+from epp.observability.health import HealthServicer
+from epp.observability.metrics import EppMetrics
+from epp.observability.server import start_metrics_server
+from epp.requestcontrol.director import Director
+from grpc_health.v1 import health_pb2_grpc
+
+log = logging.getLogger("epp")
+
+
+def discovery_from_options(options: Options) -> Discovery:
+    if options.static_endpoints or options.static_endpoints_file:
+        specs = parse_endpoint_list(options.static_endpoints, where="--static-endpoints")
+        return StaticDiscovery(specs, path=options.static_endpoints_file, pool_name=options.pool_name or "static")
+    raise SystemExit("error: no endpoint source: give --static-endpoints or --static-endpoints-file")
+
+
+def config_text(options: Options) -> str | None:
+    if options.config_file:
+        return Path(options.config_file).read_text()
+    return options.config_text or None
+
+
+class EndpointPicker:
+    def __init__(self, options: Options, discovery: Discovery | None = None, datastore: Datastore | None = None) -> None:
+        self.options = options
+        self.datastore = datastore or Datastore()
+        self.datastore.pool.name = options.pool_name
+        self.datastore.pool.namespace = options.pool_namespace
+        self.discovery = discovery or discovery_from_options(options)
+        self.config: LoadedConfig = load_config(config_text(options), self.datastore)
+        self.metrics = EppMetrics(self.datastore, staleness=options.metrics_staleness_threshold)
+        self.director = Director(
+            self.datastore,
+            self.config.scheduler,
+            LegacyAdmission(self.config.saturation_detector),
+            pre_request=self.config.pre_request,
+            response_received=self.config.response_received,
+            response_complete=self.config.response_complete,
+            metrics=self.metrics,
+            subset_filter=not options.disable_endpoint_subset_filter,
+        )
+        self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes)
+        self.scraper: MetricsScraper | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._health: grpc.aio.Server | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self.grpc_port = 0
+        self.health_port = 0
+        self.metrics_port = 0
+
+    def ready(self) -> bool:
+        return self.datastore.synced
+
+    async def start(self) -> None:
+        o = self.options
+        await self.discovery.start(self.datastore)
+        if self.config.data_source is not None:
+            self.scraper = MetricsScraper(
+                self.datastore, self.config.data_source, self.config.extractor, interval=o.refresh_metrics_interval
+            )
+            await self.scraper.start()
+
+        health = HealthServicer(self.ready)
+        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        add_to_server(self.extproc, self._grpc)
+        if o.health_checking:
+            health_pb2_grpc.add_HealthServicer_to_server(health, self._grpc)
+        address = f"{o.bind_address}:{o.grpc_port}"
+        if o.secure_serving:
+            self.grpc_port = self._grpc.add_secure_port(address, server_credentials(o.cert_path, o.enable_cert_reload))
+        else:
+            self.grpc_port = self._grpc.add_insecure_port(address)
+        await self._grpc.start()
+
+        self._health = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(health, self._health)
+        self.health_port = self._health.add_insecure_port(f"{o.bind_address}:{o.grpc_health_port}")
+        await self._health.start()
+
+        self._metrics_runner = await start_metrics_server(self.metrics, o.bind_address, o.metrics_port)
+        self.metrics_port = self._metrics_runner.addresses[0][1]
+        log.info("endpoint picker started", extra={"grpc_port": self.grpc_port, "health_port": self.health_port,
+                                                   "metrics_port": self.metrics_port, "secure": o.secure_serving,
+                                                   "endpoints": len(self.datastore.endpoints())})
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if self._grpc:
+            await self._grpc.stop(grace)
+        if self._health:
+            await self._health.stop(0)
+        if self._metrics_runner:
+            await self._metrics_runner.cleanup()
+        if self.scraper:
+            await self.scraper.stop()
+        await self.discovery.stop()
+
+
+async def serve(options: Options) -> None:
+    picker = EndpointPicker(options)
+    await picker.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await picker.stop(grace=5.0)

@@ -1,0 +1,218 @@
+"""`approx-prefix-cache-producer`: predicts which endpoint holds a prompt's prefix in its KV cache.
+
+No tokenizer and no events from the model servers: we remember where we *sent* each prompt's
+blocks (`_prefix_hash`), per endpoint in an LRU sized like its KV cache (`_prefix_index`), and
+assume the server still caches them. Before scheduling (`prepare`) it matches the request against
+the index and leaves a `PrefixMatch` in the cycle state for `prefix-cache-scorer`. After the pick
+(`pre_request`) it records the blocks for the primary target (and a `prefill` profile's target, if
+any) — optimistically, at pick time, as the reference does, so a burst of similar prompts already
+benefits before any response arrives. Endpoints that leave the datastore leave the index.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from epp.api.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.config.params import Params
+from epp.datastore import Datastore, Endpoint
+from epp.scheduling.framework import CycleState, DataProducer, PreRequest, SchedulingResult
+from epp.scheduling.plugins._prefix_hash import block_hashes
+from epp.scheduling.plugins._prefix_index import PrefixIndex
+
+if TYPE_CHECKING:
+    from epp.scheduling.registry import PluginContext
+
+PREFILL_PROFILE = "prefill"  # P/D: its target caches the prompt too
+PARAMETER_NAMES = (
+    "autoTune",
+    "blockSizeTokens",
+    "blockSize",
+    "maxPrefixBlocksToMatch",
+    "maxPrefixTokensToMatch",
+    "lruCapacityPerServer",
+)
+_PENDING_LIMIT = 4096  # matches kept between prepare and pre_request; bounded so failures can't leak
+
+
+def _scope(request: InferenceRequest) -> str:
+    return request.target_model + "\x00" + request.cache_salt
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixCacheConfig:
+    """The producer's parameters (the reference's names and defaults)."""
+
+    auto_tune: bool = True
+    block_size_tokens: int = 16
+    max_prefix_blocks: int = 256
+    max_prefix_tokens: int = 0  # > 0 overrides max_prefix_blocks: blocks = tokens // block size
+    lru_capacity_per_server: int = 31250
+
+    @classmethod
+    def from_params(cls, params: Params) -> PrefixCacheConfig:
+        """Read the parameters; the caller calls `params.done()` (the scorer shares this list)."""
+        if params.has("blockSize") and not params.has("blockSizeTokens"):
+            raise params.error(
+                "blockSize", "is deprecated (a size in characters); set blockSizeTokens (a size in tokens) instead"
+            )
+        params.int("blockSize", 0, min=1)  # deprecated and ignored once blockSizeTokens is set
+        return cls(
+            auto_tune=params.bool("autoTune", True),
+            block_size_tokens=params.int("blockSizeTokens", 16, min=1),
+            max_prefix_blocks=params.int("maxPrefixBlocksToMatch", 256, min=1),
+            max_prefix_tokens=params.int("maxPrefixTokensToMatch", 0, min=0),
+            lru_capacity_per_server=params.int("lruCapacityPerServer", 31250, min=1),
+        )
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """One request's prefix lookup, shared by the scorer (this cycle) and `pre_request` (after)."""
+
+    hashes: list[int]
+    matched: dict[str, int]  # endpoint address -> blocks matched
+    block_size_tokens: int
+    prompt_len: int = 0  # with `scope`, tells pre_request the match is this request's
+    scope: str = ""  # target model and cache salt
+
+    @property
+    def total(self) -> int:
+        return len(self.hashes)
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Counters for metrics and `epp status`: index size and how well predictions hit."""
+
+    index_entries: int = 0  # block keys held, summed over endpoints
+    distinct_keys: int = 0
+    endpoints: int = 0
+    lookups: int = 0  # requests recorded (pre_request)
+    hit_blocks: int = 0  # blocks the chosen endpoint already had, summed
+    total_blocks: int = 0  # request blocks, summed
+    hit_chars: int = 0  # the reference's prefix_indexer_hit_bytes
+    total_chars: int = 0
+    last_hit_ratio: float = 0.0
+
+
+class ApproxPrefixCacheProducer(DataProducer, PreRequest):
+    type = "approx-prefix-cache-producer"
+
+    def __init__(self, name: str = "", config: PrefixCacheConfig | None = None) -> None:
+        super().__init__(name)
+        self.config = config or PrefixCacheConfig()
+        self.index = PrefixIndex()
+        self._pending: OrderedDict[str, PrefixMatch] = OrderedDict()
+        self._stats = PrefixCacheStats()
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, ctx: PluginContext) -> ApproxPrefixCacheProducer:
+        config = PrefixCacheConfig.from_params(params)
+        params.done()
+        producer = cls(name, config)
+        producer.attach(ctx.datastore)
+        return producer
+
+    def attach(self, datastore: Datastore) -> None:
+        """Forget endpoints the datastore drops, so the index only describes live pods."""
+        datastore.subscribe(on_remove=self._endpoint_removed)
+
+    def _endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.index.remove_server(endpoint.address)
+
+    # -- sizes, auto-tuned from the model servers' cache_config_info --
+
+    def block_size_tokens(self, endpoints: list[Endpoint]) -> int:
+        """The first candidate's KV block size when auto-tuning (the reference's choice)."""
+        if self.config.auto_tune and endpoints:
+            size = endpoints[0].metrics.cache_block_size
+            if size > 0:
+                return size
+        return self.config.block_size_tokens
+
+    def max_blocks(self, block_size_tokens: int) -> int:
+        if self.config.max_prefix_tokens > 0:
+            return self.config.max_prefix_tokens // block_size_tokens
+        return self.config.max_prefix_blocks
+
+    def lru_capacity(self, endpoint: Endpoint) -> int:
+        if self.config.auto_tune:
+            blocks = endpoint.metrics.cache_num_blocks
+            if blocks > 0:
+                return blocks
+        return self.config.lru_capacity_per_server
+
+    # -- extension points --
+
+    def lookup(self, request: InferenceRequest, endpoints: list[Endpoint]) -> PrefixMatch:
+        block_tokens = self.block_size_tokens(endpoints)
+        hashes = block_hashes(
+            request.prompt,
+            request.target_model,
+            request.cache_salt,
+            block_tokens * CHARS_PER_TOKEN,
+            self.max_blocks(block_tokens),
+        )
+        return PrefixMatch(
+            hashes=hashes,
+            matched=self.index.match(hashes) if hashes else {},
+            block_size_tokens=block_tokens,
+            prompt_len=len(request.prompt),
+            scope=_scope(request),
+        )
+
+    def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        match = self.lookup(request, endpoints)
+        cycle.data[self.name] = match
+        pending = self._pending
+        pending[request.request_id] = match
+        pending.move_to_end(request.request_id)
+        while len(pending) > _PENDING_LIMIT:
+            pending.popitem(last=False)
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        primary = result.profiles.get(result.primary_profile)
+        if primary is None or not primary.targets:
+            self._pending.pop(request.request_id, None)
+            return
+        target = primary.targets[0]
+        match = self._pending.pop(request.request_id, None)
+        if match is None or match.prompt_len != len(request.prompt) or match.scope != _scope(request):
+            match = self.lookup(request, [target])  # not prepared by us (or an id clash): recompute
+        if not match.hashes:
+            return
+        targets = [target]
+        prefill = result.profiles.get(PREFILL_PROFILE)
+        if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
+            targets.append(prefill.targets[0])
+        for endpoint in targets:
+            self.index.add(match.hashes, endpoint.address, self.lru_capacity(endpoint))
+        self._record(match, target)
+
+    def _record(self, match: PrefixMatch, target: Endpoint) -> None:
+        stats = self._stats
+        hit = match.matched.get(target.address, 0)
+        chars = match.block_size_tokens * CHARS_PER_TOKEN
+        stats.lookups += 1
+        stats.hit_blocks += hit
+        stats.total_blocks += match.total
+        stats.hit_chars += hit * chars
+        stats.total_chars += match.total * chars
+        stats.last_hit_ratio = hit / match.total
+
+    def stats(self) -> PrefixCacheStats:
+        s = self._stats
+        return PrefixCacheStats(
+            index_entries=self.index.entries,
+            distinct_keys=self.index.distinct_keys,
+            endpoints=len(self.index.servers()),
+            lookups=s.lookups,
+            hit_blocks=s.hit_blocks,
+            total_blocks=s.total_blocks,
+            hit_chars=s.hit_chars,
+            total_chars=s.total_chars,
+            last_hit_ratio=s.last_hit_ratio,
+        )

@@ -1,0 +1,82 @@
+"""Runs one scheduling cycle over a candidate list. Pure computation: no I/O, no awaits."""
+
+from __future__ import annotations
+
+from epp.api.request import InferenceRequest
+from epp.datastore import Endpoint
+from epp.errors import Code, EppError
+from epp.scheduling.framework import (
+    CycleState,
+    DataProducer,
+    ProfileHandler,
+    ProfileResult,
+    SchedulerProfile,
+    SchedulingResult,
+)
+
+
+def _clamp(value: float) -> float:
+    if value != value or value < 0.0:  # NaN or negative
+        return 0.0
+    return 1.0 if value > 1.0 else value
+
+
+def run_profile(
+    profile: SchedulerProfile, cycle: CycleState, request: InferenceRequest, candidates: list[Endpoint]
+) -> ProfileResult:
+    """Filters in order, then the weighted sum of scores, then the picker."""
+    endpoints = candidates
+    for flt in profile.filters:
+        endpoints = flt.filter(cycle, request, endpoints)
+        if not endpoints:
+            return ProfileResult(targets=[], filtered_by=flt.name)
+    total = [0.0] * len(endpoints)
+    scores: dict[str, list[float]] = {}
+    for weighted in profile.scorers:
+        raw = weighted.scorer.score(cycle, request, endpoints)
+        scores[weighted.scorer.name] = raw
+        weight = weighted.weight
+        for i, value in enumerate(raw):
+            total[i] += weight * _clamp(value)
+    assert profile.picker is not None, f"profile {profile.name} has no picker"
+    targets = profile.picker.pick(cycle, request, list(zip(endpoints, total)))
+    return ProfileResult(targets=targets, candidates=endpoints, scores=scores, total=total)
+
+
+class Scheduler:
+    """Holds the configured profiles and runs cycles through the profile handler."""
+
+    def __init__(
+        self,
+        profiles: dict[str, SchedulerProfile],
+        handler: ProfileHandler,
+        producers: list[DataProducer] | None = None,
+    ) -> None:
+        if not profiles:
+            raise ValueError("a scheduler needs at least one profile")
+        self.profiles = profiles
+        self.handler = handler
+        self.producers = producers or []
+
+    def schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+        """Pick targets among `candidates`. Raises `EppError` when nothing can serve it."""
+        if not candidates:
+            raise EppError(
+                Code.SERVICE_UNAVAILABLE,
+                "failed to find endpoint candidates for serving the request",
+                reason="no_candidates",
+            )
+        cycle = CycleState()
+        for producer in self.producers:
+            producer.prepare(cycle, request, candidates)
+        results: dict[str, ProfileResult | None] = {}
+        while True:
+            chosen = self.handler.pick_profiles(cycle, request, self.profiles, results)
+            if not chosen:
+                break
+            for name, profile in chosen.items():
+                result = run_profile(profile, cycle, request, candidates)
+                results[name] = result if result.targets else None
+                if not result.targets:
+                    cycle.data.setdefault("failed_profiles", {})[name] = result.filtered_by
+        return self.handler.process_results(cycle, request, results)

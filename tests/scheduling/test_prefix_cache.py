@@ -1,0 +1,224 @@
+"""`approx-prefix-cache-producer` + `prefix-cache-scorer`: routing follows where prompts were sent."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from epp.config.params import ConfigError, Params
+from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
+from epp.scheduling.framework import ProfileResult, SchedulerProfile, SchedulingResult, WeightedScorer
+from epp.scheduling.plugins.approx_prefix_cache_producer import (
+    ApproxPrefixCacheProducer,
+    PrefixCacheConfig,
+    PrefixMatch,
+)
+from epp.scheduling.plugins.max_score_picker import MaxScorePicker
+from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheScorer
+from epp.scheduling.plugins.single_profile_handler import SingleProfileHandler
+from epp.scheduling.registry import PluginContext
+from epp.scheduling.scheduler import Scheduler
+
+from .helpers import cycle, endpoint, request
+
+SYSTEM = "You are a helpful assistant. " * 40  # ~1.1k chars: 18 blocks of 64
+
+
+def build(config: PrefixCacheConfig | None = None, seed: int = 0) -> tuple[Scheduler, ApproxPrefixCacheProducer]:
+    producer = ApproxPrefixCacheProducer(config=config)
+    scorer = PrefixCacheScorer(producer=producer)
+    profile = SchedulerProfile("default", scorers=[WeightedScorer(scorer, 1.0)], picker=MaxScorePicker(rng=random.Random(seed)))
+    return Scheduler({"default": profile}, SingleProfileHandler(), [producer]), producer
+
+
+def serve(scheduler: Scheduler, producer: ApproxPrefixCacheProducer, req, eps):  # type: ignore[no-untyped-def]
+    result = scheduler.schedule(req, eps)
+    producer.pre_request(req, result)
+    return result.primary
+
+
+def test_shared_long_prefix_routes_to_the_pod_that_served_it() -> None:
+    eps = [endpoint(f"10.0.0.{i}") for i in range(1, 5)]
+    scheduler, producer = build(seed=3)
+    first = serve(scheduler, producer, request(SYSTEM + "Question one?"), eps)
+    for i in range(20):
+        assert serve(scheduler, producer, request(SYSTEM + f"Another question {i}?"), eps) is first
+
+
+def test_score_is_matched_over_total_blocks() -> None:
+    eps = [endpoint("10.0.0.1"), endpoint("10.0.0.2")]
+    producer = ApproxPrefixCacheProducer()
+    scorer = PrefixCacheScorer(producer=producer)
+    producer.index.add(producer.lookup(request(b"a" * 128), eps).hashes, eps[0].address, 100)
+    c = cycle()
+    producer.prepare(c, request(b"a" * 128 + b"b" * 128), eps)  # 4 blocks, first 2 known on eps[0]
+    assert scorer.score(c, request(), eps) == [0.5, 0.0]
+
+
+def test_score_is_zero_without_blocks_or_producer_data() -> None:
+    eps = [endpoint("10.0.0.1")]
+    producer = ApproxPrefixCacheProducer()
+    scorer = PrefixCacheScorer(producer=producer)
+    c = cycle()
+    producer.prepare(c, request(b"short"), eps)
+    assert scorer.score(c, request(), eps) == [0.0]
+    assert scorer.score(cycle(), request(), eps) == [0.0]
+    assert PrefixCacheScorer().score(cycle(), request(), eps) == [0.0]
+
+
+def test_different_model_or_salt_does_not_match() -> None:
+    eps = [endpoint(f"10.0.0.{i}") for i in range(1, 4)]
+    scheduler, producer = build()
+    serve(scheduler, producer, request(SYSTEM, model="a"), eps)
+    for other in (request(SYSTEM, model="b"), request(SYSTEM, model="a", salt="tenant")):
+        c = cycle()
+        producer.prepare(c, other, eps)
+        assert c.data[producer.name].matched == {}
+
+
+def test_partial_block_matches_only_the_same_ending() -> None:
+    eps = [endpoint("10.0.0.1")]
+    producer = ApproxPrefixCacheProducer()
+    prompt = b"x" * 64 + b"tail"
+    producer.index.add(producer.lookup(request(prompt), eps).hashes, eps[0].address, 100)
+    same = producer.lookup(request(prompt), eps)
+    longer = producer.lookup(request(prompt + b"more"), eps)
+    assert same.matched == {eps[0].address: 2} and same.total == 2
+    assert longer.matched == {eps[0].address: 1} and longer.total == 2
+
+
+def test_index_updated_for_primary_target_only() -> None:
+    eps = [endpoint("10.0.0.1"), endpoint("10.0.0.2")]
+    producer = ApproxPrefixCacheProducer()
+    req = request(SYSTEM)
+    producer.prepare(cycle(), req, eps)
+    result = SchedulingResult("default", {"default": ProfileResult(targets=[eps[1], eps[0]])})
+    producer.pre_request(req, result)
+    assert producer.index.servers() == [eps[1].address]
+    assert producer.stats().last_hit_ratio == 0.0
+    req2 = request(SYSTEM)
+    producer.prepare(cycle(), req2, eps)
+    producer.pre_request(req2, result)
+    stats = producer.stats()
+    assert stats.last_hit_ratio == 1.0 and stats.lookups == 2
+    assert stats.index_entries == len(producer.lookup(req, eps).hashes)
+    assert stats.hit_chars == stats.total_chars // 2
+
+
+def test_prefill_profile_target_is_recorded_too() -> None:
+    eps = [endpoint("10.0.0.1"), endpoint("10.0.0.2")]
+    producer = ApproxPrefixCacheProducer()
+    req = request(SYSTEM)
+    result = SchedulingResult(
+        "decode", {"decode": ProfileResult(targets=[eps[0]]), "prefill": ProfileResult(targets=[eps[1]])}
+    )
+    producer.pre_request(req, result)  # not prepared: hashes are recomputed
+    assert sorted(producer.index.servers()) == sorted(ep.address for ep in eps)
+
+
+def test_pending_state_is_consumed_and_bounded() -> None:
+    eps = [endpoint("10.0.0.1")]
+    producer = ApproxPrefixCacheProducer()
+    for i in range(5000):
+        producer.prepare(cycle(), request(SYSTEM, request_id=f"r{i}"), eps)  # never picked
+    assert len(producer._pending) <= 4096
+    req = request(SYSTEM, request_id="last")
+    producer.prepare(cycle(), req, eps)
+    producer.pre_request(req, SchedulingResult("d", {"d": ProfileResult(targets=eps)}))
+    assert "last" not in producer._pending
+
+
+def test_autotune_reads_block_size_from_first_candidate_and_capacity_per_endpoint() -> None:
+    eps = [endpoint("10.0.0.1", cache_block_size=32, cache_num_blocks=3), endpoint("10.0.0.2", cache_block_size=8)]
+    producer = ApproxPrefixCacheProducer()
+    assert producer.block_size_tokens(eps) == 32
+    assert producer.block_size_tokens(eps[::-1]) == 8
+    match = producer.lookup(request(b"z" * 128 * 5), eps)
+    assert match.block_size_tokens == 32 and match.total == 5
+    assert producer.lru_capacity(eps[0]) == 3 and producer.lru_capacity(eps[1]) == 31250
+    req = request(b"z" * 128 * 5)
+    producer.prepare(cycle(), req, eps)
+    producer.pre_request(req, SchedulingResult("d", {"d": ProfileResult(targets=[eps[0]])}))
+    assert producer.index.server_entries(eps[0].address) == 3  # LRU sized from cache_num_blocks
+
+
+def test_autotune_off_uses_configured_sizes() -> None:
+    eps = [endpoint("10.0.0.1", cache_block_size=32, cache_num_blocks=3)]
+    producer = ApproxPrefixCacheProducer(config=PrefixCacheConfig(auto_tune=False, block_size_tokens=4,
+                                                                  lru_capacity_per_server=7))
+    assert producer.block_size_tokens(eps) == 4 and producer.lru_capacity(eps[0]) == 7
+
+
+def test_max_prefix_tokens_overrides_max_blocks() -> None:
+    producer = ApproxPrefixCacheProducer(config=PrefixCacheConfig(max_prefix_tokens=64))
+    assert producer.max_blocks(16) == 4
+    assert producer.lookup(request(b"k" * 10_000), [endpoint("10.0.0.1")]).total == 4
+    assert ApproxPrefixCacheProducer().lookup(request(b"k" * 100_000), []).total == 256
+
+
+def test_removed_endpoints_leave_the_index() -> None:
+    store = Datastore()
+    a = store.upsert(EndpointSpec(name="a", ip="10.0.0.1", port=8000))
+    b = store.upsert(EndpointSpec(name="b", ip="10.0.0.2", port=8000))
+    producer = ApproxPrefixCacheProducer.from_config("p", Params(None, "x"), PluginContext(datastore=store))
+    hashes = producer.lookup(request(SYSTEM), [a]).hashes
+    producer.index.add(hashes, a.address, 100)
+    producer.index.add(hashes, b.address, 100)
+    store.remove(a.address)
+    assert producer.index.match(hashes) == {b.address: len(hashes)}
+    assert producer.index.servers() == [b.address]
+
+
+def test_producer_parameters() -> None:
+    ctx = PluginContext(datastore=Datastore())
+    p = ApproxPrefixCacheProducer.from_config(
+        "p",
+        Params({"autoTune": False, "blockSizeTokens": 32, "maxPrefixBlocksToMatch": 8, "maxPrefixTokensToMatch": 0,
+                "lruCapacityPerServer": 9}, "x"),
+        ctx,
+    )
+    assert p.config == PrefixCacheConfig(False, 32, 8, 0, 9)
+    assert ApproxPrefixCacheProducer.from_config("p", Params(None, "x"), ctx).config == PrefixCacheConfig()
+    # the deprecated character size needs blockSizeTokens next to it
+    with pytest.raises(ConfigError, match=r"^x\.blockSize: is deprecated"):
+        ApproxPrefixCacheProducer.from_config("p", Params({"blockSize": 64}, "x"), ctx)
+    both = ApproxPrefixCacheProducer.from_config("p", Params({"blockSize": 64, "blockSizeTokens": 8}, "x"), ctx)
+    assert both.config.block_size_tokens == 8
+    with pytest.raises(ConfigError, match=r"^x\.blockSizeTokens: must be >= 1"):
+        ApproxPrefixCacheProducer.from_config("p", Params({"blockSizeTokens": 0}, "x"), ctx)
+    with pytest.raises(ConfigError, match=r"^x\.autoTune: must be true or false"):
+        ApproxPrefixCacheProducer.from_config("p", Params({"autoTune": "yes"}, "x"), ctx)
+    with pytest.raises(ConfigError, match=r"^x\.hashBlockSize: unknown field"):
+        ApproxPrefixCacheProducer.from_config("p", Params({"hashBlockSize": 5}, "x"), ctx)
+
+
+def test_scorer_parameters_configure_its_own_producer() -> None:
+    ctx = PluginContext(datastore=Datastore())
+    scorer = PrefixCacheScorer.from_config("prefix", Params({"blockSizeTokens": 8, "lruCapacityPerServer": 5}, "x"), ctx)
+    created = scorer.create_missing_producers(ctx)
+    assert len(created) == 1 and scorer.producer is created[0]
+    assert created[0].config.block_size_tokens == 8 and created[0].config.lru_capacity_per_server == 5
+    assert created[0].name == "approx-prefix-cache-producer"
+    assert scorer.create_missing_producers(ctx) == []
+
+
+def test_scorer_without_parameters_binds_a_configured_producer() -> None:
+    ctx = PluginContext(datastore=Datastore())
+    mine = ApproxPrefixCacheProducer("mine")
+    ctx.plugins["mine"] = mine
+    scorer = PrefixCacheScorer.from_config("prefix", Params(None, "x"), ctx)
+    assert scorer.create_missing_producers(ctx) == [] and scorer.producer is mine
+
+
+def test_match_is_left_in_the_cycle_under_the_producer_name() -> None:
+    producer = ApproxPrefixCacheProducer("custom")
+    c = cycle()
+    producer.prepare(c, request(SYSTEM), [endpoint("10.0.0.1")])
+    assert isinstance(c.data["custom"], PrefixMatch)
+
+
+def test_stale_metrics_dont_matter_to_hashing() -> None:
+    ep = endpoint("10.0.0.1")
+    ep.metrics = EndpointMetrics(cache_block_size=0)
+    assert ApproxPrefixCacheProducer().block_size_tokens([ep]) == 16
