@@ -71,7 +71,7 @@ from epp.scheduling.framework import (
 from epp.scheduling.plugins._requires import RequiresProducers, unique_name
 from epp.scheduling.plugins.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.single_profile_handler import SingleProfileHandler
-from epp.scheduling.registry import PluginContext
+from epp.plugin import PluginContext
 from epp.scheduling.scheduler import Scheduler
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"

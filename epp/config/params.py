@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 
@@ -34,7 +35,8 @@ class Params:
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.path}.{key}: {message}")
 
-    def int(self, key: str, default: int, *, min: int | None = None, max: int | None = None) -> int:
+    def int(self, key: str, default: builtins.int, *, min: builtins.int | None = None,
+            max: builtins.int | None = None) -> builtins.int:
         value = self._get(key)
         if value is None:
             return default
@@ -43,8 +45,8 @@ class Params:
         self._check_range(key, value, min, max)
         return value
 
-    def float(self, key: str, default: float, *, min: float | None = None, max: float | None = None,
-              min_exclusive: bool = False) -> float:
+    def float(self, key: str, default: builtins.float, *, min: builtins.float | None = None,
+              max: builtins.float | None = None, min_exclusive: builtins.bool = False) -> builtins.float:
         value = self._get(key)
         if value is None:
             return default
@@ -56,7 +58,7 @@ class Params:
         self._check_range(key, value, None if min_exclusive else min, max)
         return value
 
-    def bool(self, key: str, default: bool) -> bool:
+    def bool(self, key: str, default: builtins.bool) -> builtins.bool:
         value = self._get(key)
         if value is None:
             return default
@@ -64,7 +66,8 @@ class Params:
             raise self.error(key, f"must be true or false, got {value!r}")
         return value
 
-    def str(self, key: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
+    def str(self, key: builtins.str, default: builtins.str, *,
+            choices: tuple[builtins.str, ...] = ()) -> builtins.str:
         value = self._get(key)
         if value is None:
             return default
@@ -74,7 +77,15 @@ class Params:
             raise self.error(key, f"must be one of {', '.join(choices)}, got {value!r}")
         return value
 
-    def mapping(self, key: str) -> dict[str, Any]:
+    def list(self, key: builtins.str) -> builtins.list[Any]:
+        value = self._get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list, got {type(value).__name__}")
+        return value
+
+    def mapping(self, key: builtins.str) -> dict[builtins.str, Any]:
         value = self._get(key)
         if value is None:
             return {}
@@ -82,7 +93,7 @@ class Params:
             raise self.error(key, f"must be a mapping, got {value!r}")
         return value
 
-    def duration(self, key: str, default: float) -> float:
+    def duration(self, key: builtins.str, default: builtins.float) -> builtins.float:
         """Seconds, from a number of seconds or a Go-style duration string ("200ms", "1m30s")."""
         value = self._get(key)
         if value is None:
@@ -97,7 +108,8 @@ class Params:
         if unknown:
             raise ConfigError(f"{self.path}.{unknown[0]}: unknown field")
 
-    def _check_range(self, key: str, value: float, lo: float | None, hi: float | None) -> None:
+    def _check_range(self, key: builtins.str, value: builtins.float, lo: builtins.float | None,
+                     hi: builtins.float | None) -> None:
         if lo is not None and value < lo:
             raise self.error(key, f"must be >= {lo}, got {value}")
         if hi is not None and value > hi:

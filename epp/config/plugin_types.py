@@ -1,9 +1,8 @@
 """Every plugin `type` a config may name, across layers.
 
-Scheduling plugins come from the registry (`epp.scheduling.plugins.PLUGIN_CLASSES`); saturation
-detectors from `epp.flowcontrol`; data-layer sources and extractors from `epp.datalayer`; request
-parsers from `epp.config.parsers`. Config is the composition layer, so it may import all of them;
-the data layer is imported lazily, when a config is loaded, so importing the loader stays cheap.
+Scheduling plugins come from `epp.scheduling.plugins.PLUGIN_CLASSES`; saturation detectors from
+`epp.flowcontrol`; data-layer sources and extractors from `epp.datalayer.PLUGIN_CLASSES`; request
+parsers from `epp.config.parsers`. Config is the composition layer, so it may import all of them.
 """
 
 from __future__ import annotations
@@ -11,8 +10,9 @@ from __future__ import annotations
 from epp.config.parsers import PARSER_CLASSES
 from epp.flowcontrol.concurrency_detector import ConcurrencyDetector
 from epp.flowcontrol.utilization_detector import UtilizationDetector
-from epp.scheduling.framework import Plugin
-from epp.scheduling.registry import plugin_types
+from epp.datalayer import PLUGIN_CLASSES as DATALAYER_CLASSES
+from epp.plugin import Plugin
+from epp.scheduling.plugins import PLUGIN_CLASSES as SCHEDULING_CLASSES
 
 DETECTOR_CLASSES: tuple[type[Plugin], ...] = (UtilizationDetector, ConcurrencyDetector)
 
@@ -22,17 +22,10 @@ DATA_SOURCE_TYPES = frozenset({METRICS_DATA_SOURCE})
 DATA_EXTRACTOR_TYPES = frozenset({CORE_METRICS_EXTRACTOR})
 
 
-def _datalayer_classes() -> tuple[type[Plugin], ...]:
-    from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
-    from epp.datalayer.metrics_data_source import MetricsDataSource
-
-    return (MetricsDataSource, CoreMetricsExtractor)
-
-
 def all_plugin_types() -> dict[str, type[Plugin]]:
     """Config `type` -> plugin class, for every layer."""
-    table: dict[str, type[Plugin]] = dict(plugin_types())
-    for cls in (*DETECTOR_CLASSES, *_datalayer_classes(), *PARSER_CLASSES):
+    table: dict[str, type[Plugin]] = {}
+    for cls in (*SCHEDULING_CLASSES, *DETECTOR_CLASSES, *DATALAYER_CLASSES, *PARSER_CLASSES):
         if cls.type in table and table[cls.type] is not cls:
             raise RuntimeError(f"plugin type {cls.type!r} is defined twice: {table[cls.type]} and {cls}")
         table[cls.type] = cls

@@ -44,6 +44,12 @@ class Datastore:
         if on_remove:
             self._on_remove.append(on_remove)
 
+    def unsubscribe(self, on_add: Listener | None = None, on_remove: Listener | None = None) -> None:
+        if on_add in self._on_add:
+            self._on_add.remove(on_add)
+        if on_remove in self._on_remove:
+            self._on_remove.remove(on_remove)
+
     # -- endpoints --
 
     def endpoints(self) -> tuple[Endpoint, ...]:

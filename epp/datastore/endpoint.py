@@ -57,7 +57,7 @@ class EndpointSpec:
     port: int
     namespace: str = ""
     labels: tuple[tuple[str, str], ...] = ()
-    engine: str = "vllm"
+    engine: str = ""  # "" = unlabelled: the extractor's default engine applies
     metrics_port: int = 0  # 0: scrape on `port`
 
     @property

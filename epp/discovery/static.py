@@ -51,7 +51,7 @@ def parse_endpoint(item: Any, where: str) -> EndpointSpec:
         port=port,
         namespace=str(item.get("namespace", "")),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-        engine=str(item.get("engine") or labels.get("inference.networking.k8s.io/engine-type") or "vllm"),
+        engine=str(item.get("engine") or ""),
         metrics_port=metrics_port,
     )
 

@@ -19,7 +19,7 @@ from epp.flowcontrol.saturation import SATURATED, SaturationDetector
 from epp.scheduling.framework import CycleState, Filter
 
 if TYPE_CHECKING:
-    from epp.scheduling.registry import PluginContext
+    from epp.plugin import PluginContext
 
 MODES = ("requests", "tokens")
 

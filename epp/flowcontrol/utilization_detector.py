@@ -21,7 +21,7 @@ from epp.flowcontrol.saturation import SATURATED, SaturationDetector
 from epp.scheduling.framework import CycleState, Filter
 
 if TYPE_CHECKING:
-    from epp.scheduling.registry import PluginContext
+    from epp.plugin import PluginContext
 
 
 class UtilizationDetector(Filter, SaturationDetector):

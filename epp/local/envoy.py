@@ -55,6 +55,8 @@ class EnvoyConfig:
     with_ext_proc: bool = True
     failure_mode_allow: bool = False
     upstream_timeout_s: float = 300.0
+    # Without ext_proc the pool is a plain round-robin cluster over these "ip:port" upstreams.
+    upstreams: tuple[str, ...] = ()
 
     def render(self) -> str:
         trailer = "SEND" if "FULL_DUPLEX" in (self.request_body_mode + self.response_body_mode) else "SKIP"
@@ -106,14 +108,7 @@ static_resources:
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: pool
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 5s
-    original_dst_lb_config:
-      use_http_header: true
-      http_header_name: x-gateway-destination-endpoint
+  clusters:{self._pool_cluster()}
   - name: epp
     type: STATIC
     connect_timeout: 5s
@@ -128,6 +123,33 @@ static_resources:
         - endpoint:
             address: {{socket_address: {{address: 127.0.0.1, port_value: {self.epp_port}}}}}{tls}
 """
+
+
+    def _pool_cluster(self) -> str:
+        if self.with_ext_proc:
+            return """
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 5s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: x-gateway-destination-endpoint"""
+        endpoints = "".join(
+            f"""
+        - endpoint:
+            address: {{socket_address: {{address: {u.rsplit(':', 1)[0]}, port_value: {u.rsplit(':', 1)[1]}}}}}"""
+            for u in self.upstreams
+        )
+        return f"""
+  - name: pool
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    connect_timeout: 5s
+    load_assignment:
+      cluster_name: pool
+      endpoints:
+      - lb_endpoints:{endpoints}"""
 
 
 class EnvoyProcess:

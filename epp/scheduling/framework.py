@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any
 
 from epp.api.request import InferenceRequest
-from epp.config.params import Params
 from epp.datastore import Endpoint
+from epp.plugin import Plugin, PluginContext
 
-if TYPE_CHECKING:
-    from epp.scheduling.registry import PluginContext
+__all__ = ["Plugin", "PluginContext"]  # re-exported: plugins import their bases from here
 
 
 @dataclass(slots=True)
@@ -29,24 +28,6 @@ class CycleState:
     """Scratch space for one scheduling cycle, keyed by plugin name (e.g. prefix match counts)."""
 
     data: dict[str, Any] = field(default_factory=dict)
-
-
-class Plugin(ABC):
-    """Every plugin has a config `type` (its registry key, also its file name) and a `name`."""
-
-    type: ClassVar[str] = ""
-
-    def __init__(self, name: str = "") -> None:
-        self.name = name or self.type
-
-    @classmethod
-    def from_config(cls, name: str, params: Params, ctx: PluginContext) -> Plugin:
-        """Build from config. The default takes no parameters; `params.done()` rejects any."""
-        params.done()
-        return cls(name)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
 
 
 class Filter(Plugin):

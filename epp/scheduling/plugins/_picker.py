@@ -13,7 +13,7 @@ from epp.config.params import Params
 from epp.scheduling.framework import Picker
 
 if TYPE_CHECKING:
-    from epp.scheduling.registry import PluginContext
+    from epp.plugin import PluginContext
 
 
 class CountedPicker(Picker):

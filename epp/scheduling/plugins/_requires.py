@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from epp.scheduling.framework import Plugin
-    from epp.scheduling.registry import PluginContext
+    from epp.plugin import PluginContext
 
 
 @runtime_checkable

@@ -23,7 +23,7 @@ from epp.scheduling.plugins._prefix_hash import block_hashes
 from epp.scheduling.plugins._prefix_index import PrefixIndex
 
 if TYPE_CHECKING:
-    from epp.scheduling.registry import PluginContext
+    from epp.plugin import PluginContext
 
 PREFILL_PROFILE = "prefill"  # P/D: its target caches the prompt too
 PARAMETER_NAMES = (

@@ -25,7 +25,7 @@ from epp.scheduling.plugins.approx_prefix_cache_producer import (
 )
 
 if TYPE_CHECKING:
-    from epp.scheduling.registry import PluginContext
+    from epp.plugin import PluginContext
 
 
 class PrefixCacheScorer(Scorer):

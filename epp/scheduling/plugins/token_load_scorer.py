@@ -14,7 +14,7 @@ from epp.datastore import Endpoint
 from epp.scheduling.framework import CycleState, Scorer
 
 if TYPE_CHECKING:
-    from epp.scheduling.registry import PluginContext
+    from epp.plugin import PluginContext
 
 DEFAULT_QUEUE_THRESHOLD_TOKENS = 4 * 1024 * 1024
 

@@ -1,0 +1,102 @@
+"""Which metric of which engine feeds which field of `EndpointMetrics` (reference §6.1).
+
+A mapping is immutable and built once per config; the scraper reuses its precomputed
+`WantedNames` on every scrape. Each field holds *alternatives*, tried in order: the first one
+found in a scrape wins. The config schema has one spec string per field, so only built-ins use
+more than one — vLLM reads `vllm:kv_cache_usage_perc` and falls back to the older
+`vllm:gpu_cache_usage_perc` (vLLM < 0.10) when the new name is absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from epp.datalayer.promparse import WantedNames
+from epp.datalayer.spec import MetricSpec, parse_spec
+
+DEFAULT_ENGINE = "vllm"
+ENGINE_LABEL_KEY = "inference.networking.k8s.io/engine-type"
+RESERVED_ENGINE_NAME = "default"  # the reference's registry key for the fallback mapping
+
+Specs = tuple[MetricSpec, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class EngineMapping:
+    """Metric specs per `EndpointMetrics` field; an empty tuple turns the field off."""
+
+    name: str
+    queued: Specs = ()
+    running: Specs = ()
+    kv_usage: Specs = ()
+    lora: Specs = ()
+    cache_info: Specs = ()  # info gauge whose *labels* carry the block size and count
+    cache_block_size_label: str = "block_size"
+    cache_num_blocks_label: str = "num_gpu_blocks"
+    cache_block_size: Specs = ()  # plain gauges, for engines without an info metric
+    cache_num_blocks: Specs = ()
+    primary: WantedNames = field(init=False, repr=False, compare=False)
+    fallback: WantedNames = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = self.fields()
+        object.__setattr__(self, "primary", WantedNames(specs[0].name for specs in fields if specs))
+        object.__setattr__(self, "fallback", WantedNames(s.name for specs in fields for s in specs[1:]))
+
+    def fields(self) -> tuple[Specs, ...]:
+        return (self.queued, self.running, self.kv_usage, self.lora, self.cache_info,
+                self.cache_block_size, self.cache_num_blocks)
+
+
+def specs(*texts: str) -> Specs:
+    """Parse spec strings, dropping empty ones (an empty string turns a metric off)."""
+    out = []
+    for text in texts:
+        spec = parse_spec(text)
+        if spec is not None:
+            out.append(spec)
+    return tuple(out)
+
+
+def _builtins() -> Mapping[str, EngineMapping]:
+    table = (
+        EngineMapping(
+            name="vllm",
+            queued=specs("vllm:num_requests_waiting"),
+            running=specs("vllm:num_requests_running"),
+            kv_usage=specs("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            lora=specs("vllm:lora_requests_info"),
+            cache_info=specs("vllm:cache_config_info"),
+        ),
+        EngineMapping(
+            name="sglang",
+            queued=specs("sglang:num_queue_reqs"),
+            running=specs("sglang:num_running_reqs"),
+            kv_usage=specs("sglang:token_usage"),
+            cache_info=specs("sglang:cache_config_info"),
+            cache_block_size_label="page_size",
+            cache_num_blocks_label="num_pages",
+        ),
+        EngineMapping(
+            name="trtllm-serve",
+            queued=specs("trtllm_num_requests_waiting"),
+            running=specs("trtllm_num_requests_running"),
+            kv_usage=specs("trtllm_kv_cache_utilization"),
+            cache_block_size=specs("trtllm_kv_cache_tokens_per_block"),
+            cache_num_blocks=specs("trtllm_kv_cache_max_blocks"),
+        ),
+        EngineMapping(
+            name="triton-tensorrt-llm",
+            queued=specs("nv_trt_llm_request_metrics{request_type=waiting}"),
+            running=specs("nv_trt_llm_request_metrics{request_type=scheduled}"),
+            kv_usage=specs("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}"),
+            cache_block_size=specs("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}"),
+            cache_num_blocks=specs("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}"),
+        ),
+    )
+    return MappingProxyType({m.name: m for m in table})
+
+
+BUILTIN_ENGINES: Mapping[str, EngineMapping] = _builtins()

@@ -1,0 +1,142 @@
+"""One scrape body + an engine mapping → a new immutable `EndpointMetrics`.
+
+Semantics follow the reference extractor (§6.1): for ordinary fields the matching series with the
+newest exposition timestamp wins (first one on a tie, e.g. when no timestamps are written); for
+LoRA the series with the largest *value* (a creation time) wins. Fields not found keep their
+previous value, and the result exists only if at least one field was read, so `update_time`
+advances only on a useful scrape. A missing LoRA metric is normal (LoRA off) and not reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from epp.datalayer.engines import EngineMapping, Specs
+from epp.datalayer.promparse import LineCache, Sample, parse_wanted
+from epp.datastore import EndpointMetrics
+
+_NO_TIMESTAMP = -math.inf
+
+
+@dataclass(slots=True, frozen=True)
+class Extraction:
+    """`metrics` is None when nothing could be read; `problems` names what was missing or bad."""
+
+    metrics: EndpointMetrics | None
+    problems: tuple[str, ...] = ()
+
+
+def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetrics, now: float,
+                    cache: LineCache | None = None) -> Extraction:
+    """Read the mapping's metrics from a `/metrics` body. Raises `MetricsParseError`."""
+    samples = parse_wanted(body, mapping.primary, cache)
+    if mapping.fallback.names and any(len(f) > 1 and f[0].name not in samples for f in mapping.fields()):
+        samples.update(parse_wanted(body, mapping.fallback, cache))
+    found: dict[str, Any] = {}
+    problems: list[str] = []
+
+    for specs, key in ((mapping.queued, "waiting_queue_size"), (mapping.running, "running_requests")):
+        value = _latest_value(specs, samples, problems)
+        if value is not None:
+            found[key] = max(0, int(value))
+    value = _latest_value(mapping.kv_usage, samples, problems)
+    if value is not None:
+        found["kv_cache_usage"] = value
+
+    if mapping.lora:
+        lora = _largest(mapping.lora, samples)
+        if lora is not None:
+            _read_lora(lora, found, problems)
+
+    if mapping.cache_info:
+        info = _latest(mapping.cache_info, samples)
+        if info is None:
+            problems.append(f"{_describe(mapping.cache_info)}: not found")
+        else:
+            for label, key in ((mapping.cache_block_size_label, "cache_block_size"),
+                               (mapping.cache_num_blocks_label, "cache_num_blocks")):
+                number = _int_label(info, label, problems)
+                if number is not None:
+                    found[key] = number
+    for specs, key in ((mapping.cache_block_size, "cache_block_size"), (mapping.cache_num_blocks, "cache_num_blocks")):
+        value = _latest_value(specs, samples, problems)
+        if value is not None:
+            found[key] = max(0, int(value))
+
+    if not found:
+        return Extraction(None, tuple(problems))
+    return Extraction(replace(previous, update_time=now, **found), tuple(problems))
+
+
+def _latest(specs: Specs, samples: dict[str, list[Sample]]) -> Sample | None:
+    """The matching series with the newest timestamp, from the first alternative that has one."""
+    for spec in specs:
+        best: Sample | None = None
+        best_ts = _NO_TIMESTAMP
+        for sample in samples.get(spec.name, ()):
+            if spec.matches(sample.labels):
+                ts = _NO_TIMESTAMP if sample.timestamp is None else sample.timestamp
+                if best is None or ts > best_ts:
+                    best, best_ts = sample, ts
+        if best is not None:
+            return best
+    return None
+
+
+def _largest(specs: Specs, samples: dict[str, list[Sample]]) -> Sample | None:
+    """The matching series with the largest (non-NaN) value: the newest LoRA state."""
+    for spec in specs:
+        best: Sample | None = None
+        for sample in samples.get(spec.name, ()):
+            if spec.matches(sample.labels) and not math.isnan(sample.value) \
+                    and (best is None or sample.value > best.value):
+                best = sample
+        if best is not None:
+            return best
+    return None
+
+
+def _latest_value(specs: Specs, samples: dict[str, list[Sample]], problems: list[str]) -> float | None:
+    if not specs:
+        return None
+    sample = _latest(specs, samples)
+    if sample is None:
+        problems.append(f"{_describe(specs)}: not found")
+        return None
+    if not math.isfinite(sample.value):
+        problems.append(f"{sample.name}: value is {sample.value}")
+        return None
+    return sample.value
+
+
+def _read_lora(sample: Sample, found: dict[str, Any], problems: list[str]) -> None:
+    found["active_models"] = _adapters(sample.labels.get("running_lora_adapters", ""))
+    found["waiting_models"] = _adapters(sample.labels.get("waiting_lora_adapters", ""))
+    if sample.labels.get("max_lora"):
+        max_lora = _int_label(sample, "max_lora", problems)
+        if max_lora is not None:
+            found["max_active_models"] = max_lora
+
+
+def _adapters(csv: str) -> frozenset[str]:
+    if not csv:
+        return frozenset()
+    return frozenset(name for name in (part.strip() for part in csv.split(",")) if name)
+
+
+def _int_label(sample: Sample, label: str, problems: list[str]) -> int | None:
+    text = sample.labels.get(label)
+    if text is None:
+        problems.append(f"{sample.name}: no label {label}")
+        return None
+    try:
+        return max(0, int(text))
+    except ValueError:
+        problems.append(f"{sample.name}: label {label}={text[:32]!r} is not an integer")
+        return None
+
+
+def _describe(specs: Specs) -> str:
+    return " or ".join(str(spec) for spec in specs)

@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import pytest
+
+from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
+from epp.datalayer.engines import BUILTIN_ENGINES, EngineMapping, specs
+from epp.datalayer.extract import extract_metrics
+from epp.datalayer.promparse import MetricsParseError
+from epp.datastore import EMPTY_METRICS, Endpoint, EndpointMetrics, EndpointSpec
+
+from .helpers import fixture_body
+
+VLLM = BUILTIN_ENGINES["vllm"]
+
+SGLANG_TEXT = b"""\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",tp_rank="0"} 7.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",tp_rank="0"} 3.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",tp_rank="0"} 0.41
+# TYPE sglang:cache_config_info gauge
+sglang:cache_config_info{model_name="qwen",num_pages="8192",page_size="16"} 1.0
+"""
+
+TRTLLM_SERVE_TEXT = b"""\
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{model_name="llama"} 2
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{model_name="llama"} 5
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{model_name="llama"} 0.125
+# TYPE trtllm_kv_cache_tokens_per_block gauge
+trtllm_kv_cache_tokens_per_block{model_name="llama"} 32
+# TYPE trtllm_kv_cache_max_blocks gauge
+trtllm_kv_cache_max_blocks{model_name="llama"} 19958
+"""
+
+TRITON_TEXT = b"""\
+# HELP nv_trt_llm_request_metrics TRT LLM request metrics
+# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="context",version="1"} 1
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="scheduled",version="1"} 3
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 512
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting",version="1"} 6
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 4096
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="free",model="tensorrt_llm",version="1"} 3000
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"} 64
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="tensorrt_llm",version="1"} 0.267578125
+"""
+
+
+def endpoint(engine: str = "vllm", labels: tuple[tuple[str, str], ...] = ()) -> Endpoint:
+    return Endpoint(EndpointSpec("pod-a", "10.0.0.1", 8000, labels=labels, engine=engine))
+
+
+def test_vllm_fixture_busy() -> None:
+    result = extract_metrics(VLLM, fixture_body("busy"), EMPTY_METRICS, now=12.5)
+    assert result.problems == ()
+    assert result.metrics == EndpointMetrics(
+        waiting_queue_size=8, running_requests=4, kv_cache_usage=14 / 63,
+        cache_block_size=128, cache_num_blocks=64, update_time=12.5,
+    )
+
+
+def test_vllm_all_fixtures_extract(vllm_fixture: tuple[str, bytes]) -> None:
+    result = extract_metrics(VLLM, vllm_fixture[1], EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.problems == ()
+    assert (result.metrics.cache_block_size, result.metrics.cache_num_blocks) == (128, 64)
+
+
+def test_gpu_cache_usage_perc_is_the_fallback_for_older_vllm() -> None:
+    old = b"vllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\n"
+    result = extract_metrics(VLLM, old, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.metrics.kv_cache_usage == 0.5
+    both = b"vllm:kv_cache_usage_perc 0.25\nvllm:gpu_cache_usage_perc 0.5\n"
+    result = extract_metrics(VLLM, both, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.metrics.kv_cache_usage == 0.25
+
+
+def test_kv_usage_missing_under_both_names_is_reported() -> None:
+    result = extract_metrics(VLLM, b"vllm:num_requests_running 2\n", EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.metrics.running_requests == 2
+    assert "vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc: not found" in result.problems
+    assert not any("lora" in p for p in result.problems)  # LoRA off is normal
+
+
+def test_lora_series_with_largest_value_wins() -> None:
+    body = b"""\
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="old",waiting_lora_adapters=""} 1.7e9
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a1, a2,",waiting_lora_adapters="w1"} 1.9e9
+vllm:lora_requests_info{max_lora="3",running_lora_adapters="mid",waiting_lora_adapters=""} 1.8e9
+vllm:lora_requests_info{max_lora="9",running_lora_adapters="nan",waiting_lora_adapters=""} NaN
+"""
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None
+    assert result.metrics.active_models == frozenset({"a1", "a2"})
+    assert result.metrics.waiting_models == frozenset({"w1"})
+    assert result.metrics.max_active_models == 4
+
+
+def test_lora_bad_max_lora_is_a_problem_not_a_crash() -> None:
+    body = b'vllm:lora_requests_info{max_lora="lots",running_lora_adapters="a"} 1\n'
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.metrics.active_models == frozenset({"a"})
+    assert any("max_lora" in p for p in result.problems)
+
+
+def test_newest_timestamp_wins_then_first_series() -> None:
+    mapping = EngineMapping("t", queued=specs('q{engine="0"}'), running=specs("r"))
+    body = b"""\
+q{engine="0"} 5 1000
+q{engine="0"} 9 3000
+q{engine="1"} 100 9000
+q{engine="0"} 7 2000
+r{x="first"} 1
+r{x="second"} 2
+"""
+    result = extract_metrics(mapping, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None
+    assert result.metrics.waiting_queue_size == 9
+    assert result.metrics.running_requests == 1
+
+
+def test_fields_not_found_keep_their_previous_value() -> None:
+    previous = EndpointMetrics(waiting_queue_size=3, running_requests=2, kv_cache_usage=0.5,
+                               cache_block_size=16, cache_num_blocks=100, update_time=1.0)
+    result = extract_metrics(VLLM, b"vllm:num_requests_running 6\n", previous, now=2.0)
+    assert result.metrics == EndpointMetrics(waiting_queue_size=3, running_requests=6, kv_cache_usage=0.5,
+                                             cache_block_size=16, cache_num_blocks=100, update_time=2.0)
+
+
+def test_nothing_found_gives_no_metrics() -> None:
+    result = extract_metrics(VLLM, b"# nothing here\nother 1\n", EMPTY_METRICS, now=1.0)
+    assert result.metrics is None
+    assert "vllm:num_requests_waiting: not found" in result.problems
+
+
+def test_non_finite_values_are_not_used() -> None:
+    body = b"vllm:num_requests_waiting NaN\nvllm:num_requests_running +Inf\nvllm:kv_cache_usage_perc 0.5\n"
+    previous = EndpointMetrics(waiting_queue_size=1, running_requests=1)
+    result = extract_metrics(VLLM, body, previous, now=1.0)
+    assert result.metrics is not None
+    assert (result.metrics.waiting_queue_size, result.metrics.running_requests) == (1, 1)
+    assert result.metrics.kv_cache_usage == 0.5
+    assert any("nan" in p for p in result.problems) and any("inf" in p for p in result.problems)
+
+
+def test_bad_cache_info_labels_are_problems() -> None:
+    body = b'vllm:num_requests_waiting 0\nvllm:cache_config_info{block_size="None"} 1\n'
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.metrics.cache_block_size == 0
+    assert any("block_size='None'" in p for p in result.problems)
+    assert any("no label num_gpu_blocks" in p for p in result.problems)
+
+
+def test_garbage_in_a_wanted_line_raises() -> None:
+    with pytest.raises(MetricsParseError):
+        extract_metrics(VLLM, b'vllm:num_requests_waiting{engine="0', EMPTY_METRICS, now=1.0)
+
+
+def test_sglang() -> None:
+    result = extract_metrics(BUILTIN_ENGINES["sglang"], SGLANG_TEXT, EMPTY_METRICS, now=1.0)
+    assert result.problems == ()
+    assert result.metrics == EndpointMetrics(waiting_queue_size=3, running_requests=7, kv_cache_usage=0.41,
+                                             cache_block_size=16, cache_num_blocks=8192, update_time=1.0)
+
+
+def test_trtllm_serve() -> None:
+    result = extract_metrics(BUILTIN_ENGINES["trtllm-serve"], TRTLLM_SERVE_TEXT, EMPTY_METRICS, now=1.0)
+    assert result.problems == ()
+    assert result.metrics == EndpointMetrics(waiting_queue_size=2, running_requests=5, kv_cache_usage=0.125,
+                                             cache_block_size=32, cache_num_blocks=19958, update_time=1.0)
+
+
+def test_triton_tensorrt_llm_selects_series_by_label() -> None:
+    result = extract_metrics(BUILTIN_ENGINES["triton-tensorrt-llm"], TRITON_TEXT, EMPTY_METRICS, now=1.0)
+    assert result.problems == ()
+    assert result.metrics == EndpointMetrics(waiting_queue_size=6, running_requests=3, kv_cache_usage=0.267578125,
+                                             cache_block_size=64, cache_num_blocks=4096, update_time=1.0)
+
+
+# -- engine choice per endpoint --
+
+
+def test_engine_comes_from_label_then_spec_then_default() -> None:
+    ex = CoreMetricsExtractor(default_engine="sglang")
+    assert ex.engine_of(endpoint("vllm", (("inference.networking.k8s.io/engine-type", "trtllm-serve"),))) \
+        == "trtllm-serve"
+    assert ex.engine_of(endpoint("vllm")) == "vllm"
+    assert ex.engine_of(endpoint("")) == "sglang"
+    custom = CoreMetricsExtractor(engine_label_key="example.com/engine")
+    assert custom.engine_of(endpoint("vllm", (("example.com/engine", "sglang"),))) == "sglang"
+
+
+def test_each_endpoint_is_read_with_its_engine_and_unknown_engines_use_the_default() -> None:
+    ex = CoreMetricsExtractor()
+    sg = ex.extract(endpoint("sglang"), SGLANG_TEXT, now=1.0)
+    assert sg.metrics is not None and sg.metrics.running_requests == 7
+    tgi = ex.extract(endpoint("tgi"), fixture_body("busy"), now=1.0)  # no TGI mapping: vLLM's
+    assert tgi.metrics is not None and tgi.metrics.running_requests == 4
+    assert ex.mapping_for("tgi") is ex.engines["vllm"]
+
+
+def test_extract_builds_on_the_endpoints_current_metrics() -> None:
+    ep = endpoint()
+    ep.metrics = EndpointMetrics(cache_block_size=16, update_time=1.0)
+    result = CoreMetricsExtractor().extract(ep, b"vllm:num_requests_running 3\n", now=5.0)
+    assert result.metrics == EndpointMetrics(running_requests=3, cache_block_size=16, update_time=5.0)
+
+
+def test_builtin_table_is_read_only() -> None:
+    with pytest.raises(TypeError):
+        BUILTIN_ENGINES["x"] = VLLM  # type: ignore[index]
+    assert set(BUILTIN_ENGINES) == {"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"}

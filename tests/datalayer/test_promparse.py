@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+
+import pytest
+
+from epp.datalayer.promparse import CACHE_MIN_LINE, MetricsParseError, WantedNames, parse_wanted
+
+from .helpers import fixture_body
+
+VLLM = ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+        "vllm:cache_config_info", "vllm:lora_requests_info"]
+
+EXPECTED = {  # fixture -> (running, waiting, kv usage), from the fixtures' README
+    "idle": (0.0, 0.0, 0.0),
+    "busy": (4.0, 8.0, 14 / 63),
+    "after": (0.0, 0.0, 0.0),
+    "priority": (4.0, 6.0, 8 / 63),
+}
+
+
+def test_fixtures_give_the_documented_values(vllm_fixture: tuple[str, bytes]) -> None:
+    name, body = vllm_fixture
+    got = parse_wanted(body, VLLM)
+    assert "vllm:lora_requests_info" not in got  # LoRA is off in these runs
+    running, waiting, kv = EXPECTED[name]
+    for metric, value in (("vllm:num_requests_running", running), ("vllm:num_requests_waiting", waiting)):
+        (sample,) = got[metric]
+        assert sample.value == value
+        assert sample.labels == {"engine": "0", "model_name": "tiny"}
+        assert sample.timestamp is None
+    assert got["vllm:kv_cache_usage_perc"][0].value == pytest.approx(kv)
+    (info,) = got["vllm:cache_config_info"]
+    assert info.labels["block_size"] == "128"
+    assert info.labels["num_gpu_blocks"] == "64"
+    assert info.labels["kv_cache_max_concurrency"] == "8.0"
+    assert info.labels["kv_cache_dtype_skip_layers"] == "[]"
+    assert len(info.labels) == 37
+
+
+def test_a_name_that_prefixes_another_does_not_take_its_lines() -> None:
+    body = fixture_body("busy")
+    got = parse_wanted(body, ["vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason"])
+    assert [s.value for s in got["vllm:num_requests_waiting"]] == [8.0]
+    by_reason = got["vllm:num_requests_waiting_by_reason"]
+    assert [(s.labels["reason"], s.value) for s in by_reason] == [("capacity", 8.0), ("deferred", 0.0)]
+
+
+def test_counter_and_histogram_names_are_exact() -> None:
+    body = fixture_body("busy")
+    got = parse_wanted(body, ["vllm:prompt_tokens_total", "vllm:iteration_tokens_total"])
+    assert len(got["vllm:prompt_tokens_total"]) == 1
+    # a histogram declared as ..._total has only _bucket/_sum/_count series, no bare samples
+    assert "vllm:iteration_tokens_total" not in got
+
+
+def test_missing_names_are_absent_and_comments_never_match() -> None:
+    body = b"# HELP foo a foo\n# TYPE foo gauge\n# foo 3\nbar 1\n"
+    assert parse_wanted(body, ["foo", "nope"]) == {}
+
+
+def test_first_line_and_last_line_without_newline() -> None:
+    got = parse_wanted(b"foo 1\nbar{a=\"x\"} 2", ["foo", "bar"])
+    assert got["foo"][0].value == 1.0
+    assert got["bar"][0].value == 2.0
+    assert got["bar"][0].labels == {"a": "x"}
+
+
+def test_escaped_label_values_and_commas_inside_quotes() -> None:
+    body = (b'm{path="C:\\\\dir",quote="say \\"hi\\"",nl="a\\nb",list="a,b, c",other="x\\ty"} 1\n'
+            b"m{} 2\nm{a=\"1\",} 3\n")
+    first, empty, trailing = parse_wanted(body, ["m"])["m"]
+    assert first.labels == {"path": "C:\\dir", "quote": 'say "hi"', "nl": "a\nb", "list": "a,b, c",
+                            "other": "x\\ty"}
+    assert empty.labels == {} and empty.value == 2.0
+    assert trailing.labels == {"a": "1"} and trailing.value == 3.0
+
+
+def test_whitespace_tabs_and_crlf_are_tolerated() -> None:
+    body = b'm { a = "1" , b="2" }\t5 \r\nn\t7\r\n'
+    got = parse_wanted(body, ["m", "n"])
+    assert got["m"][0].labels == {"a": "1", "b": "2"}
+    assert got["m"][0].value == 5.0
+    assert got["n"][0].value == 7.0
+
+
+def test_special_values_and_timestamps() -> None:
+    body = b"a NaN\nb +Inf 1700000000000\nc -Inf\nd 1.5e-3 17 # {trace_id=\"x\"} 1\ne 2 # exemplar\n"
+    got = parse_wanted(body, ["a", "b", "c", "d", "e"])
+    assert math.isnan(got["a"][0].value)
+    assert got["b"][0].value == math.inf and got["b"][0].timestamp == 1700000000000
+    assert got["c"][0].value == -math.inf
+    assert got["d"][0].value == 0.0015 and got["d"][0].timestamp == 17
+    assert got["e"][0].value == 2 and got["e"][0].timestamp is None
+
+
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        (b'm{a="1"', "label set"),  # truncated mid label set
+        (b'm{a="1', "label set"),  # truncated inside a quoted value
+        (b'm{a="1"}', "missing value"),  # truncated before the value
+        (b"m{a=1} 3", "label set"),  # unquoted value
+        (b'm{a="1" b="2"} 3', "label set"),  # missing comma
+        (b"m seven", "not a number"),
+        (b"m 1 2 3", "after the timestamp"),
+        (b"m 1 soon", "timestamp is not a number"),
+        (b'm{a="\xff"} 1', "UTF-8"),
+    ],
+)
+def test_bad_wanted_lines_raise_with_line_number(line: bytes, why: str) -> None:
+    body = b"# TYPE m gauge\nother 1\n" + line
+    with pytest.raises(MetricsParseError) as err:
+        parse_wanted(body, ["m"])
+    assert why in str(err.value)
+    assert str(err.value).startswith("m at line 3:")
+
+
+def test_garbage_in_unwanted_lines_is_ignored() -> None:
+    body = b"junk{{{ !!\nother{a=\"unterminated 1\nm 4\n\xff\xfe nonsense\n"
+    assert parse_wanted(body, ["m"])["m"][0].value == 4.0
+
+
+def test_binary_body_is_rejected() -> None:
+    with pytest.raises(MetricsParseError, match="NUL byte"):
+        parse_wanted(os.urandom(4096) + b"\0", ["m"])
+
+
+def test_random_bytes_never_crash() -> None:
+    rnd = random.Random(7)
+    for _ in range(200):
+        junk = bytes(rnd.randrange(1, 256) for _ in range(rnd.randrange(0, 400)))
+        body = junk.replace(b"\0", b"") + b"\nm" + junk[:20] + b"\nm 1\n"
+        with contextlib.suppress(MetricsParseError):
+            parse_wanted(body, ["m"])
+
+
+def test_huge_body_with_wanted_names_at_the_end() -> None:
+    filler = b"# HELP filler x\n" + b"filler_metric{a=\"b\"} 1\n" * 800_000  # ~19 MB
+    body = filler + b'm{x="y"} 42\n'
+    assert parse_wanted(body, ["m", "absent"])["m"][0].value == 42.0
+
+
+def test_pathological_label_set_is_linear() -> None:
+    line = b"m{" + b'a="b",' * 200_000  # never closed
+    with pytest.raises(MetricsParseError):
+        parse_wanted(line, ["m"])
+
+
+def test_wanted_names_are_reusable_and_deduplicated() -> None:
+    wanted = WantedNames(["b", "a", "b"])
+    assert wanted.names == ("a", "b")
+    body = b"a 1\nb 2\n"
+    assert parse_wanted(body, wanted) == parse_wanted(body, wanted)
+
+
+def test_line_cache_returns_identical_samples_for_identical_long_lines() -> None:
+    body = fixture_body("busy")
+    cache: dict = {}
+    first = parse_wanted(body, VLLM, cache)
+    second = parse_wanted(body, VLLM, cache)
+    assert second["vllm:cache_config_info"][0] is first["vllm:cache_config_info"][0]
+    assert second["vllm:num_requests_running"][0] is not first["vllm:num_requests_running"][0]
+    assert all(len(line) >= CACHE_MIN_LINE for line in cache)
+    assert second == parse_wanted(body, VLLM)
