@@ -12,7 +12,7 @@ from epp.datastore import Datastore
 from epp.scheduling.plugins.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.random_picker import RandomPicker
 from epp.scheduling.plugins.weighted_random_picker import WeightedRandomPicker
-from epp.scheduling.registry import PluginContext
+from epp.plugin import PluginContext
 
 from .helpers import cycle, endpoint, request
 

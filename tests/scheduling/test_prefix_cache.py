@@ -17,7 +17,7 @@ from epp.scheduling.plugins.approx_prefix_cache_producer import (
 from epp.scheduling.plugins.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheScorer
 from epp.scheduling.plugins.single_profile_handler import SingleProfileHandler
-from epp.scheduling.registry import PluginContext
+from epp.plugin import PluginContext
 from epp.scheduling.scheduler import Scheduler
 
 from .helpers import cycle, endpoint, request

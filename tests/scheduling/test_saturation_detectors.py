@@ -10,7 +10,7 @@ from epp.flowcontrol.concurrency_detector import ConcurrencyDetector
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.utilization_detector import UtilizationDetector
 from epp.scheduling.framework import Filter
-from epp.scheduling.registry import PluginContext
+from epp.plugin import PluginContext
 
 from .helpers import cycle, endpoint, request
 

@@ -12,7 +12,7 @@ from epp.scheduling.plugins.lora_affinity_scorer import LoraAffinityScorer
 from epp.scheduling.plugins.queue_scorer import QueueScorer
 from epp.scheduling.plugins.running_requests_size_scorer import RunningRequestsSizeScorer
 from epp.scheduling.plugins.token_load_scorer import TokenLoadScorer
-from epp.scheduling.registry import PluginContext
+from epp.plugin import PluginContext
 
 from .helpers import cycle, endpoint, request
 
