@@ -1,0 +1,98 @@
+"""`epp sim`: run simulated vLLM pods until SIGINT/SIGTERM.
+
+The top-level CLI wires `add_arguments` into its `sim` sub-command and calls `run(args)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from epp.sim.config import EngineConfig, SimConfig
+from epp.sim.server import start_pods, stop_pods
+from epp.sim.steptime import DEFAULT_PROFILE, kv_capacity_blocks, profiles
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    eng = EngineConfig()
+    sim = SimConfig()
+    parser.add_argument("--pods", type=int, default=1, help="number of pods (default 1)")
+    parser.add_argument("--base-port", type=int, default=8001,
+                        help="port of the first pod; pod i listens on base+i (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--model", default=sim.model, help=f"served model name (default {sim.model})")
+    parser.add_argument("--lora", action="append", default=[], metavar="NAME",
+                        help="a LoRA adapter name accepted as `model` (repeatable or comma-separated)")
+    parser.add_argument("--max-loras", type=int, default=None,
+                        help="LoRA slots per batch (default 4 when --lora is given, else 0)")
+    parser.add_argument("--time-scale", type=float, default=sim.time_scale,
+                        help="wall seconds per simulated second; 0.1 runs 10x faster (default 1)")
+    parser.add_argument("--seed", type=int, default=sim.seed)
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=profiles(),
+                        help=f"step-time profile (default {DEFAULT_PROFILE})")
+    parser.add_argument("--num-gpu-blocks", type=int, default=None,
+                        help="KV-cache blocks (default: the profile's capacity)")
+    parser.add_argument("--block-size", type=int, default=eng.block_size)
+    parser.add_argument("--max-num-seqs", type=int, default=eng.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=eng.max_num_batched_tokens)
+    parser.add_argument("--max-model-len", type=int, default=eng.max_model_len)
+    parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    parser.add_argument("--batching", choices=("mixed", "prefill_first"), default="mixed",
+                        help="mixed: vLLM v1 chunked-prefill batches; prefill_first: no mixing")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--default-max-tokens", type=int, default=sim.default_max_tokens)
+    parser.add_argument("--mean-output-tokens", type=float, default=sim.mean_output_tokens,
+                        help="mean output length when ignore_eos is not set")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    loras = tuple(n.strip() for item in args.lora for n in item.split(",") if n.strip())
+    max_loras = args.max_loras if args.max_loras is not None else (4 if loras else 0)
+    engine = EngineConfig(
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks or kv_capacity_blocks(args.profile),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
+        batching=args.batching,
+        max_loras=max_loras,
+        step_profile=args.profile,
+        record_token_times=False,
+    )
+    cfg = SimConfig(model=args.model, lora_adapters=loras, time_scale=args.time_scale,
+                    seed=args.seed, default_max_tokens=args.default_max_tokens,
+                    mean_output_tokens=args.mean_output_tokens, engine=engine)
+    cfg.validate()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        print(f"epp sim: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(cfg, args.pods, args.base_port, args.host))
+    except OSError as e:
+        print(f"epp sim: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(cfg: SimConfig, n: int, base_port: int, host: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    pods = await start_pods(n, base_port=base_port, host=host, config=cfg)
+    try:
+        for pod in pods:
+            print(f"{pod.name} {pod.url} model={cfg.model}", flush=True)
+        await stop.wait()
+    finally:
+        await stop_pods(pods)

@@ -1,0 +1,405 @@
+"""Simulated vLLM pods over HTTP: the OpenAI endpoints, /health and /metrics of vLLM 0.32.
+
+Each pod is one aiohttp site on its own port with one engine loop task: it schedules a step,
+sleeps the step's modelled duration times `time_scale`, applies it and wakes only the requests
+that got a token (streams) or finished (non-streaming). Many pods share one event loop.
+
+Engine time is "modelled seconds since the pod started". While busy it advances by exactly the
+modelled step durations (the GPU timeline); when idle it jumps to wall time / `time_scale`. If
+the process cannot keep up, engine time falls behind wall time and tokens reach clients in
+bursts, but latency metrics, which are in engine time, still describe the modelled GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Literal
+
+from aiohttp import web
+
+from epp.sim.config import EngineConfig, SimConfig
+from epp.sim.engine import Engine
+from epp.sim.exposition import CONTENT_TYPE, Exposition
+from epp.sim.factory import RequestFactory
+from epp.sim.generation import token_piece, token_text
+from epp.sim.metrics import VllmMetrics
+from epp.sim.protocol import ApiError, Kind, ParsedRequest, error_bytes, parse_request
+from epp.sim.request import Request
+from epp.sim.responses import DONE, ChatEvents, CompletionEvents, chat_body, completion_body, models_body
+
+__all__ = ["FAULTS", "EngineConfig", "SimConfig", "SimPod", "start_pods", "stop_pods"]
+
+log = logging.getLogger(__name__)
+
+Fault = Literal["hang", "garbage", "error"]
+FAULTS: tuple[str, ...] = ("hang", "garbage", "error")
+_GARBAGE = b"\x00\xffnot prometheus {{{\nvllm:num_requests_running{engine= 1 2 3\n# TYPE\n"
+_JSON = "application/json"
+# Longest a lagging engine loop runs steps back to back before letting handlers run.
+_MAX_BURST = 0.02
+_SSE = "text/event-stream; charset=utf-8"
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _Waiter:
+    """What a request handler sleeps on; the engine loop sets it."""
+
+    __slots__ = ("event", "stream")
+
+    def __init__(self, stream: bool) -> None:
+        self.event = asyncio.Event()
+        self.stream = stream
+
+
+class SimPod:
+    """One simulated vLLM server. `fault` breaks its /metrics on purpose: "hang" never answers,
+    "garbage" answers 200 with unparsable text, "error" answers 500; None is healthy."""
+
+    def __init__(self, config: SimConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 name: str | None = None) -> None:
+        self.config = config or SimConfig()
+        self.config.validate()
+        self.host = host
+        self._port = port
+        self.name = name or f"sim-{id(self):x}"
+        self._fresh_state()
+        self.fault: Fault | None = None
+        self._rng = random.Random(self.config.seed ^ 0x5EED)
+        self._ids = itertools.count()
+        self._runner: web.AppRunner | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._t0 = 0.0
+        self._handlers: set[asyncio.Task[object]] = set()
+        self._inflight_end: float | None = None
+        self._broken: BaseException | None = None
+
+    def _fresh_state(self) -> None:
+        """A new engine, cache and metrics: what a (re)started vLLM process begins with."""
+        self.engine = Engine(self.config.engine)
+        self.metrics = VllmMetrics(self.config.engine.max_model_len)
+        self.factory = RequestFactory(self.config)
+        self.exposition = Exposition(self.config.model, self.config.engine, created=time.time(),
+                                     lora_enabled=bool(self.config.lora_adapters))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._port}"
+
+    @property
+    def address(self) -> str:
+        """host:port, as an endpoint picker names the pod."""
+        return self.url.removeprefix("http://")
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("pod already started")
+        loop = asyncio.get_running_loop()
+        self._t0 = loop.time()
+        self._wake = asyncio.Event()
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[_fastapi_errors])
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.on_response_prepare.append(_uvicorn_headers)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                               handler_cancellation=True, shutdown_timeout=0.5)
+        await runner.setup()
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self._port))
+            site = web.SockSite(runner, sock)
+            await site.start()
+        except BaseException:
+            sock.close()
+            await runner.cleanup()
+            raise
+        self._port = sock.getsockname()[1]
+        self._runner = runner
+        self._loop_task = asyncio.create_task(self._engine_loop(), name=f"{self.name}-engine")
+
+    async def stop(self) -> None:
+        """Stop serving at once, cutting in-flight requests (the pod "dies").
+
+        `start()` may be called again: the pod comes back on the same port with a fresh engine.
+        """
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+        for task in list(self._handlers):
+            task.cancel()
+        await runner.cleanup()
+        self._inflight_end = None
+        self._fresh_state()  # a restarted pod comes back empty, like a restarted vLLM
+
+    async def __aenter__(self) -> SimPod:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def vnow(self) -> float:
+        """Engine-clock now, for stamping arrivals: wall seconds since start / time_scale, but
+        never past the end of the step in flight (a lagging engine sees a request when it can)."""
+        w = (asyncio.get_running_loop().time() - self._t0) / self.config.time_scale
+        end = self._inflight_end
+        return w if end is None or w < end else end
+
+    # ------------------------------------------------------------------ engine loop
+
+    async def _engine_loop(self) -> None:
+        """Steps back to back on the engine clock, sleeping until each step's wall-clock end.
+
+        If the process falls behind (handlers took longer than the step), the next steps run
+        without sleeping until the engine clock catches up with the wall clock, yielding every
+        `_MAX_BURST` seconds: streams then get several tokens per write, so an overloaded
+        process spends less per token instead of more, and the engine timeline stays exact.
+        """
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        scale = self.config.time_scale
+        lora = bool(self.config.lora_adapters)
+        wake = self._wake
+        assert wake is not None
+        clock = 0.0
+        last_yield = loop.time()
+        try:
+            while True:
+                if not engine.has_unfinished():
+                    self._inflight_end = None
+                    wake.clear()
+                    await wake.wait()
+                    # Idle until now: the engine clock jumps to the wall clock.
+                    clock = max(clock, (loop.time() - self._t0) / scale)
+                    continue
+                out = engine.schedule(clock)
+                if out is None:  # nothing runnable (should not happen); wait for news
+                    self._inflight_end = None
+                    wake.clear()
+                    try:
+                        await asyncio.wait_for(wake.wait(), 0.01)
+                    except TimeoutError:
+                        pass
+                    clock = max(clock, (loop.time() - self._t0) / scale)
+                    continue
+                self._inflight_end = out.end_time
+                t = loop.time()
+                delay = self._t0 + out.end_time * scale - t
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    last_yield = loop.time()
+                elif t - last_yield > _MAX_BURST:
+                    await asyncio.sleep(0)
+                    last_yield = loop.time()
+                step = engine.update(out)
+                clock = out.end_time
+                self.metrics.record_step(step)
+                if lora:
+                    snap = engine.snapshot()
+                    self.metrics.record_lora(snap.running_loras, snap.waiting_loras, time.time())
+                for r in step.new_tokens:
+                    w = r.user_data
+                    if isinstance(w, _Waiter) and (w.stream or r.is_finished):
+                        w.event.set()
+                for r in step.finished:
+                    w = r.user_data
+                    if isinstance(w, _Waiter):
+                        w.event.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # a bug: fail the waiting requests loudly rather than hang them
+            log.exception("engine loop of %s failed", self.name)
+            self._broken = e
+            for r in list(engine.requests.values()):
+                if isinstance(r.user_data, _Waiter):
+                    r.user_data.event.set()
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            raw = await request.read()
+            cfg = self.config
+            xrid = request.headers.get("x-request-id")
+            headers = {"x-request-id": xrid} if xrid else {}
+            try:
+                p = parse_request(raw, kind, cfg.model, cfg.lora_adapters, cfg.engine.max_model_len)
+            except ApiError as e:
+                return web.Response(status=e.status, body=error_bytes(e), content_type=_JSON,
+                                    headers=headers)
+            req = self._make_request(p)
+            prefix = "cmpl-" if kind == "completion" else "chatcmpl-"
+            rid = prefix + (xrid or f"{self._rng.getrandbits(64):016x}")
+            created = int(time.time())
+            waiter = _Waiter(p.stream)
+            req.user_data = waiter
+            self.engine.add_request(req)
+            assert self._wake is not None
+            self._wake.set()
+            try:
+                if p.stream:
+                    return await self._stream(request, req, p, waiter, rid, created, headers)
+                while not req.is_finished:
+                    await waiter.event.wait()
+                    waiter.event.clear()
+                    self._raise_if_broken()
+                make = completion_body if kind == "completion" else chat_body
+                body = make(rid, created, p.model, token_text(req.salt, 0, req.num_output_tokens),
+                            req.finish_reason or "stop", req.prompt_len, req.num_output_tokens)
+                return web.Response(body=body, content_type=_JSON, headers=headers)
+            finally:
+                if not req.is_finished:
+                    self.engine.abort_request(req.request_id, now=self.vnow())
+        finally:
+            self._handlers.discard(task)
+
+    def _make_request(self, p: ParsedRequest) -> Request:
+        kw = {"max_tokens": p.max_tokens, "ignore_eos": p.ignore_eos, "priority": p.priority,
+              "lora": p.lora, "arrival_time": self.vnow(),
+              "request_id": f"{self.name}-{next(self._ids)}"}
+        if p.prompt_text is not None:
+            return self.factory.from_text(p.prompt_text, **kw)  # type: ignore[arg-type]
+        assert p.prompt_ids is not None
+        return self.factory.from_token_ids(p.prompt_ids, **kw)  # type: ignore[arg-type]
+
+    async def _stream(self, request: web.Request, req: Request, p: ParsedRequest, waiter: _Waiter,
+                      rid: str, created: int, headers: dict[str, str]) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": _SSE})
+        await resp.prepare(request)
+        chat = p.kind == "chat"
+        events = ChatEvents(rid, created, p.model) if chat else CompletionEvents(rid, created, p.model)
+        sent = 0
+        salt = req.salt
+        while True:
+            await waiter.event.wait()
+            waiter.event.clear()
+            self._raise_if_broken()
+            n = req.num_output_tokens
+            done = req.is_finished
+            parts: list[str] = []
+            if chat and sent == 0 and n > 0:
+                parts.append(events.role())  # type: ignore[union-attr]
+            last = n - 1
+            for i in range(sent, n):
+                parts.append(events.token(token_piece(salt, i),
+                                          req.finish_reason if done and i == last else None))
+            sent = n
+            if done and p.include_usage:
+                parts.append(events.usage(req.prompt_len, n))
+            if parts:
+                data = "".join(parts).encode()
+                await resp.write(data + DONE if done else data)
+            elif done:
+                await resp.write(DONE)
+            if done:
+                break
+        await resp.write_eof()
+        return resp
+
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise web.HTTPInternalServerError(text="simulated engine failed")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        cfg = self.config
+        perms = [f"{self._rng.getrandbits(64):016x}" for _ in range(1 + len(cfg.lora_adapters))]
+        body = models_body(cfg.model, cfg.lora_adapters, cfg.engine.max_model_len,
+                           int(time.time()), perms)
+        return web.Response(body=body, content_type=_JSON)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        fault = self.fault
+        if fault == "hang":
+            task = asyncio.current_task()
+            assert task is not None
+            self._handlers.add(task)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self._handlers.discard(task)
+        if fault == "garbage":
+            return web.Response(body=_GARBAGE, headers={"Content-Type": CONTENT_TYPE})
+        if fault == "error":
+            return web.Response(status=500, body=b"Internal Server Error",
+                                headers={"Content-Type": "text/plain; charset=utf-8"})
+        text = self.exposition.render(self.engine, self.metrics)
+        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+
+
+@web.middleware
+async def _fastapi_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Unknown paths and methods answer like FastAPI does, as JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return web.Response(status=404, body=b'{"detail":"Not Found"}', content_type=_JSON)
+    except web.HTTPMethodNotAllowed:
+        return web.Response(status=405, body=b'{"detail":"Method Not Allowed"}', content_type=_JSON)
+
+
+async def _uvicorn_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["server"] = "uvicorn"
+    response.headers.setdefault("vary", "Origin")
+
+
+async def start_pods(n: int, base_port: int = 0, host: str = "127.0.0.1",
+                     config: SimConfig | None = None) -> list[SimPod]:
+    """Start `n` pods on consecutive ports from `base_port` (0: free ports chosen by the OS).
+
+    Pod i gets `config.seed + i`, so pods differ in sampled output lengths but are reproducible.
+    """
+    base = config or SimConfig()
+    pods: list[SimPod] = []
+    try:
+        for i in range(n):
+            cfg = replace(base, seed=base.seed + i)
+            pod = SimPod(cfg, host=host, port=base_port + i if base_port else 0, name=f"pod-{i}")
+            await pod.start()
+            pods.append(pod)
+    except BaseException:
+        await stop_pods(pods)
+        raise
+    return pods
+
+
+async def stop_pods(pods: list[SimPod]) -> None:
+    await asyncio.gather(*(p.stop() for p in pods), return_exceptions=True)
