@@ -1,0 +1,118 @@
+"""What the picker costs a request: Envoy → EPP → pod against Envoy → pod, measured in one run.
+
+Both Envoys run side by side in front of the same simulated pods (nearly zero model time), and the
+measurements alternate between them, so machine noise hits both alike. Reported as ratios.
+
+    python -m bench.overhead [--duration 5] [--concurrency 16] [--rates 50,100,200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import orjson
+
+from bench.common import RESULTS, closed_loop, epp_command, open_loop, pct, start_process, stop_process, wait_http
+from epp.local.envoy import EnvoyConfig, EnvoyProcess, free_port
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def row(name: str, result) -> str:  # type: ignore[no-untyped-def]
+    return (f"| {name} | {result.rps:,.0f} | {pct(result.latencies, 0.5) * 1000:.2f} | "
+            f"{pct(result.latencies, 0.99) * 1000:.2f} | {result.errors} |")
+
+
+async def measure(args: argparse.Namespace) -> str:
+    pods = args.pods
+    base = free_port()
+    sim = start_process(epp_command("sim", "--pods", str(pods), "--base-port", str(base), "--time-scale", "0.0001"),
+                        "overhead-sim")
+    addresses = ",".join(f"127.0.0.1:{base + i}" for i in range(pods))
+    grpc_port, health, metrics = free_port(), free_port(), free_port()
+    epp = start_process(epp_command("serve", "--static-endpoints", addresses, "--grpc-port", str(grpc_port),
+                                    "--grpc-health-port", str(health), "--metrics-port", str(metrics),
+                                    "--bind-address", "127.0.0.1", "--v", "1"), "overhead-epp")
+    envoys: list[EnvoyProcess] = []
+    try:
+        for i in range(pods):
+            wait_http(f"http://127.0.0.1:{base + i}/health")
+        wait_http(f"http://127.0.0.1:{metrics}/metrics")
+        with_epp = EnvoyProcess(EnvoyConfig(free_port(), free_port(), grpc_port, epp_tls=True,
+                                            response_body_mode=args.response_body_mode))
+        direct = EnvoyProcess(EnvoyConfig(free_port(), free_port(), 0, with_ext_proc=False,
+                                          upstreams=tuple(addresses.split(","))))
+        envoys = [with_epp, direct]
+        for e in envoys:
+            e.start()
+        body = orjson.dumps({"model": MODEL, "prompt": "The quick brown fox jumps over the lazy dog. " * 8,
+                             "max_tokens": 1})
+        paths = {"envoy + epp": with_epp.url + "/v1/completions", "envoy only": direct.url + "/v1/completions"}
+        for url in paths.values():  # warm up connections and caches
+            await closed_loop(url, body, 4, 1.0)
+        lines = [f"# Picker overhead ({time.strftime('%Y-%m-%d %H:%M')})", "",
+                 f"{pods} simulated pods (model time ~0), Envoy --concurrency 1, EPP with TLS and the default "
+                 f"config, response body mode {args.response_body_mode}. Client: one aiohttp process.", "",
+                 f"## Closed loop, {args.concurrency} concurrent clients, {args.duration:.0f} s each (alternating)", "",
+                 "| path | req/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
+        closed: dict[str, list] = {name: [] for name in paths}
+        for _ in range(args.rounds):
+            for name, url in paths.items():
+                print(f"closed loop: {name}", file=sys.stderr)
+                closed[name].append(await closed_loop(url, body, args.concurrency, args.duration))
+        merged = {}
+        for name, results in closed.items():
+            m = results[0]
+            for r in results[1:]:
+                m.latencies += r.latencies
+                m.errors += r.errors
+                m.elapsed += r.elapsed
+            merged[name] = m
+            lines.append(row(name, m))
+        ratio = merged["envoy + epp"].rps / merged["envoy only"].rps
+        lines += ["", f"**Throughput with the EPP / without: {ratio:.2f}** "
+                      f"(p50 latency added: {(pct(merged['envoy + epp'].latencies, .5) - pct(merged['envoy only'].latencies, .5)) * 1000:.2f} ms)", ""]
+        lines += [f"## Open loop at fixed rates, {args.duration:.0f} s each", "",
+                  "| rate | path | p50 ms | p99 ms | errors | added p50 ms | added p99 ms |", "|---|---|---|---|---|---|---|"]
+        for rate in args.rates:
+            results = {}
+            for name, url in paths.items():
+                print(f"open loop {rate}/s: {name}", file=sys.stderr)
+                results[name] = await open_loop(url, body, rate, args.duration)
+            a, b = results["envoy + epp"], results["envoy only"]
+            for name, r in results.items():
+                added = ((pct(a.latencies, .5) - pct(b.latencies, .5)) * 1000, (pct(a.latencies, .99) - pct(b.latencies, .99)) * 1000)
+                extra = f"{added[0]:.2f} | {added[1]:.2f}" if name == "envoy + epp" else " | "
+                lines.append(f"| {rate:.0f}/s | {name} | {pct(r.latencies, .5) * 1000:.2f} | "
+                             f"{pct(r.latencies, .99) * 1000:.2f} | {r.errors} | {extra} |")
+        return "\n".join(lines) + "\n"
+    finally:
+        for e in envoys:
+            e.close()
+        stop_process(epp)
+        stop_process(sim)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[50.0, 100.0, 200.0])
+    parser.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED",
+                        choices=("FULL_DUPLEX_STREAMED", "NONE"))
+    parser.add_argument("--out", default=str(RESULTS / "overhead.md"))
+    args = parser.parse_args()
+    report = asyncio.run(measure(args))
+    with open(args.out, "w") as f:
+        f.write(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
