@@ -1,4 +1,7 @@
-"""Shared fixtures: an in-process EPP on free ports with static endpoints."""
+"""Shared fixtures: an in-process EPP on free ports with static endpoints.
+
+`NO_SCRAPE` is the built-in default profile with metric collection off (the endpoints are fake).
+"""
 
 from __future__ import annotations
 
@@ -19,12 +22,14 @@ plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
 - type: prefix-cache-scorer
+- type: active-request-scorer
 schedulingProfiles:
 - name: default
   plugins:
   - {pluginRef: queue-scorer, weight: 2}
   - {pluginRef: kv-cache-utilization-scorer, weight: 2}
   - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: active-request-scorer, weight: 2}
 dataLayer:
   sources: []
 """
