@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m 'not e2e'
+
+# Our own protos (the admin API); the generated code is committed, a test checks it is current.
+proto: install
+	$(BIN)/python -m grpc_tools.protoc --proto_path=proto --python_out=. --pyi_out=. --grpc_python_out=. \
+		proto/epp/admin/v1/admin.proto
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -55,6 +55,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(duration=args.duration, pods=args.pods)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from epp.status import run_status
+
+    return run_status(args.address, args.decisions, args.watch)
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     from epp.sim.cli import run
 
@@ -75,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate an EndpointPickerConfig file")
     check.add_argument("config_file", nargs="?", default="", help="YAML file; none checks the built-in default")
     check.set_defaults(func=cmd_check_config)
+
+    status = sub.add_parser("status", help="show a running EPP: endpoints, saturation, queues, decisions")
+    status.add_argument("--address", default="127.0.0.1:9004", help="the EPP's admin API (--admin-port)")
+    status.add_argument("--decisions", type=int, default=10, help="recent decisions to show")
+    status.add_argument("--watch", type=float, default=0.0, metavar="SECONDS", help="refresh every N seconds")
+    status.set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", help="Envoy + EPP + simulated vLLM pods on localhost, with traffic and a summary")
     demo.add_argument("--duration", type=float, default=20.0, help="seconds of traffic")

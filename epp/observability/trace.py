@@ -1,0 +1,117 @@
+"""Decision traces: why each request went where it went, for logs, `epp status` and a debug header.
+
+One record per request that reached a decision (a pick, a shed, an error after parsing). Records
+are cheap to make: the scheduler already keeps each scorer's raw scores per candidate; the trace
+only holds references, and formats them when someone looks (a log line at -v 4, the admin API,
+the optional `x-epp-decision` response header).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from epp.api.request import InferenceRequest
+from epp.scheduling.framework import SchedulingResult
+
+log = logging.getLogger("epp.decision")
+
+DEBUG_HEADER = "x-epp-decision"
+
+
+@dataclass(slots=True)
+class DecisionRecord:
+    request_id: str
+    time: float  # unix seconds
+    model: str
+    target_model: str
+    objective: str
+    fairness_id: str
+    priority: int
+    outcome: str  # "picked" or the reason it ended without one
+    http_status: int = 200
+    message: str = ""
+    result: SchedulingResult | None = None
+    scheduling_seconds: float = 0.0
+    queued_seconds: float = 0.0
+
+    @property
+    def targets(self) -> list[str]:
+        return [ep.address for ep in self.result.targets] if self.result else []
+
+    def candidates(self) -> list[tuple[str, float, dict[str, float]]]:
+        """(address, weighted total, {scorer: raw score}) per candidate of the primary profile."""
+        if self.result is None:
+            return []
+        profile = self.result.profiles[self.result.primary_profile]
+        rows = []
+        for i, endpoint in enumerate(profile.candidates):
+            scores = {name: values[i] for name, values in profile.scores.items()}
+            rows.append((endpoint.address, profile.total[i] if i < len(profile.total) else 0.0, scores))
+        return rows
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "target_model": self.target_model,
+            "objective": self.objective,
+            "fairness_id": self.fairness_id,
+            "priority": self.priority,
+            "outcome": self.outcome,
+            "status": self.http_status,
+            "message": self.message,
+            "targets": self.targets,
+            "candidates": [{"address": a, "total": round(t, 4), "scores": {k: round(v, 4) for k, v in s.items()}}
+                           for a, t, s in self.candidates()],
+            "scheduling_us": round(self.scheduling_seconds * 1e6, 1),
+            "queued_ms": round(self.queued_seconds * 1e3, 3),
+        }
+
+    def compact(self, limit: int = 4) -> str:
+        """One header-sized line: pick and the top candidates with their per-scorer scores."""
+        if self.result is None:
+            return f"outcome={self.outcome};status={self.http_status}"
+        rows = sorted(self.candidates(), key=lambda r: -r[1])[:limit]
+        parts = [f"pick={','.join(self.targets)}"]
+        for address, total, scores in rows:
+            detail = ",".join(f"{name}={value:.2f}" for name, value in scores.items())
+            parts.append(f"{address}={total:.2f}({detail})")
+        return ";".join(parts)
+
+
+@dataclass(slots=True)
+class DecisionTrace:
+    """The most recent decisions in memory, and one structured log record each at -v 4."""
+
+    capacity: int = 256
+    recent: deque[DecisionRecord] = field(init=False)
+    total: int = 0
+
+    def __post_init__(self) -> None:
+        self.recent = deque(maxlen=self.capacity)
+
+    def record(self, request: InferenceRequest, outcome: str, *, result: SchedulingResult | None = None,
+               http_status: int = 200, message: str = "", scheduling_seconds: float = 0.0,
+               queued_seconds: float = 0.0) -> DecisionRecord:
+        entry = DecisionRecord(
+            request_id=request.request_id, time=time.time(), model=request.model,
+            target_model=request.target_model, objective=request.objective, fairness_id=request.fairness_id,
+            priority=request.priority, outcome=outcome, http_status=http_status, message=message,
+            result=result, scheduling_seconds=scheduling_seconds, queued_seconds=queued_seconds,
+        )
+        self.recent.append(entry)
+        self.total += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("decision", extra={"decision": entry.as_dict()})
+        return entry
+
+    def latest(self, n: int) -> list[DecisionRecord]:
+        """Newest first."""
+        if n <= 0:
+            return []
+        items = list(self.recent)[-n:]
+        items.reverse()
+        return items
