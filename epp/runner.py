@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -22,12 +23,16 @@ from epp.discovery.base import Discovery
 from epp.discovery.static import StaticDiscovery, parse_endpoint_list
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.tls import server_credentials
-from epp.flowcontrol.admission import LegacyAdmission
+from epp.flowcontrol.factory import build_admission
+from epp.flowcontrol.objectives import load_objectives_file
 from epp.observability.health import HealthServicer
 from epp.observability.metrics import EppMetrics
 from epp.observability.server import start_metrics_server
 from epp.requestcontrol.director import Director
 from grpc_health.v1 import health_pb2_grpc
+
+if TYPE_CHECKING:
+    from epp.discovery.leader import LeaderElector
 
 log = logging.getLogger("epp")
 
@@ -36,7 +41,14 @@ def discovery_from_options(options: Options) -> Discovery:
     if options.static_endpoints or options.static_endpoints_file:
         specs = parse_endpoint_list(options.static_endpoints, where="--static-endpoints")
         return StaticDiscovery(specs, path=options.static_endpoints_file, pool_name=options.pool_name or "static")
-    raise SystemExit("error: no endpoint source: give --static-endpoints or --static-endpoints-file")
+    if options.pool_name and options.endpoint_selector:
+        raise SystemExit("error: --pool-name and --endpoint-selector are mutually exclusive")
+    if options.pool_name or options.endpoint_selector:
+        from epp.discovery.kubernetes import kubernetes_discovery  # the client loads only when used
+
+        return kubernetes_discovery(options)
+    raise SystemExit("error: no endpoint source: give --pool-name, --endpoint-selector, --static-endpoints "
+                     "or --static-endpoints-file")
 
 
 def config_text(options: Options) -> str | None:
@@ -54,10 +66,17 @@ class EndpointPicker:
         self.discovery = discovery or discovery_from_options(options)
         self.config: LoadedConfig = load_config(config_text(options), self.datastore)
         self.metrics = EppMetrics(self.datastore, staleness=options.metrics_staleness_threshold)
+        if options.objectives_file:
+            load_objectives_file(options.objectives_file, self.datastore, pool_name=options.pool_name)
+        detector = self.config.saturation_detector
+        self.metrics.set_saturation_source(lambda: detector.saturation(self.datastore.endpoints()))
+        # Flow control (feature gate `flowControl`) or the legacy shed-when-saturated admission.
+        self.admission = build_admission(self.config.flow_control_config, detector, self.datastore,
+                                         tick=options.refresh_metrics_interval, metrics=self.metrics)
         self.director = Director(
             self.datastore,
             self.config.scheduler,
-            LegacyAdmission(self.config.saturation_detector),
+            self.admission,
             pre_request=self.config.pre_request,
             response_received=self.config.response_received,
             response_complete=self.config.response_complete,
@@ -66,6 +85,7 @@ class EndpointPicker:
         )
         self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes)
         self.scraper: MetricsScraper | None = None
+        self.leader: LeaderElector | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health: grpc.aio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
@@ -74,16 +94,23 @@ class EndpointPicker:
         self.metrics_port = 0
 
     def ready(self) -> bool:
-        return self.datastore.synced
+        """Synced with the pool and, with leader election, the leader (gie-epp §1.9)."""
+        return self.datastore.synced and (self.leader is None or self.leader.is_leader)
 
     async def start(self) -> None:
         o = self.options
         await self.discovery.start(self.datastore)
+        if o.ha_enable_leader_election:
+            from epp.discovery.leader import leader_elector
+
+            self.leader = leader_elector(o)
+            await self.leader.start()
         if self.config.data_source is not None:
             self.scraper = MetricsScraper(
                 self.datastore, self.config.data_source, self.config.extractor, interval=o.refresh_metrics_interval
             )
             await self.scraper.start()
+        await self.admission.start()
 
         health = HealthServicer(self.ready)
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -109,8 +136,11 @@ class EndpointPicker:
                                                    "endpoints": len(self.datastore.endpoints())})
 
     async def stop(self, grace: float = 1.0) -> None:
+        if self.leader:  # first: a standby can take over while this replica drains
+            await self.leader.stop()
         if self._grpc:
             await self._grpc.stop(grace)
+        await self.admission.stop()  # after the grace period, in which queued requests may still go
         if self._health:
             await self._health.stop(0)
         if self._metrics_runner:

@@ -20,7 +20,10 @@ System defaults follow the reference's `applySystemDefaults`:
   `dataLayer: {sources: []}` turns metric collection off;
 - `parser` omitted: a configured parser plugin, else `openai-parser`;
 - `flowControl` is read only when the `flowControl` feature gate is on (otherwise it is ignored
-  with a warning); it is validated as a mapping and kept raw for the flow-control layer.
+  with a warning). With the gate on it is validated into `flow_control_config`
+  (`epp.flowcontrol.config`), and the reference's default policies `global-strict-fairness-policy`,
+  `fcfs-ordering-policy` and `static-usage-limit-policy` are created when not configured. A policy
+  ref that names a policy type not listed in `plugins` creates that policy with default parameters.
 
 No config (`text=None`) means `epp.config.defaults.DEFAULT_CONFIG`: the reference's default
 (queue 2, kv-cache 2, prefix 3, max-score picker) **plus `active-request-scorer` with weight 2**.
@@ -53,6 +56,9 @@ from epp.config.plugin_types import (
     all_plugin_types,
 )
 from epp.datastore import Datastore
+from epp.flowcontrol.config import FlowControlConfig, check_plugin, parse_flow_control
+from epp.flowcontrol.plugins import DEFAULT_FAIRNESS, DEFAULT_ORDERING, DEFAULT_USAGE_LIMIT
+from epp.flowcontrol.plugins import PLUGIN_CLASSES as FLOW_CONTROL_CLASSES
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.utilization_detector import UtilizationDetector
 from epp.scheduling.framework import (
@@ -115,6 +121,7 @@ class LoadedConfig:
     flow_control: dict[str, Any] | None  # raw `flowControl` mapping; None unless the gate is on
     parser: str  # the parser plugin's type, e.g. "openai-parser"
     warnings: list[str] = field(default_factory=list)
+    flow_control_config: FlowControlConfig | None = None  # validated; None unless the gate is on
 
     @property
     def data_source(self) -> Plugin | None:
@@ -260,6 +267,11 @@ class _Builder:
         data_layer = self._data_layer(root)
         parser = self._parser(root)
         flow_control = self._flow_control(root, gates)
+        flow_control_config = self._flow_control_config(flow_control)
+        if flow_control_config is not None and data_layer is None and isinstance(detector, UtilizationDetector):
+            self.warnings.append("flowControl: no metrics are collected (dataLayer.sources is empty), so the "
+                                 "utilization-detector counts every endpoint as saturated and nothing is dispatched; "
+                                 "use the concurrency-detector or collect metrics")
 
         plugins = dict(self.plugins)
         values = list(plugins.values())
@@ -280,6 +292,7 @@ class _Builder:
             flow_control=flow_control,
             parser=parser,
             warnings=self.warnings,
+            flow_control_config=flow_control_config,
         )
 
     # -- header and gates --
@@ -515,3 +528,21 @@ class _Builder:
         if not isinstance(value, dict):
             raise ConfigError(f"flowControl: must be a mapping, got {_kind(value)}")
         return value
+
+    def _flow_control_config(self, raw: dict[str, Any] | None) -> FlowControlConfig | None:
+        if raw is None:
+            return None
+        defaults = {}
+        for key, type_name in (("fairness", DEFAULT_FAIRNESS), ("ordering", DEFAULT_ORDERING),
+                               ("usageLimit", DEFAULT_USAGE_LIMIT)):
+            found = self._first(Plugin, type_name)
+            defaults[key] = (found or self._add_default(type_name)).name
+        return parse_flow_control(raw, self._resolve_policy, defaults=defaults)
+
+    def _resolve_policy(self, ref: str, path: str, kind: type[Any]) -> Any:
+        plugin = self.plugins.get(ref)
+        if plugin is None and ref in {cls.type for cls in FLOW_CONTROL_CLASSES}:
+            plugin = self.plugins[ref] = self._create(self.types[ref], ref, None, f"<default {ref}>")
+        if plugin is None:
+            raise ConfigError(f"{path}: no plugin named {ref!r} (defined: {', '.join(self.plugins) or 'none'})")
+        return check_plugin(plugin, path, kind)

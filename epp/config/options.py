@@ -43,7 +43,16 @@ class Options:
     static_endpoints_file: str = ""
     pool_name: str = ""
     pool_namespace: str = ""
+    pool_group: str = "inference.networking.k8s.io"
+    endpoint_selector: str = ""
+    endpoint_target_ports: str = ""
+    kubeconfig: str = ""
+    ha_enable_leader_election: bool = False
+    ha_lease_duration: float = 15.0
+    ha_renew_deadline: float = 10.0
+    ha_retry_period: float = 2.0
     disable_endpoint_subset_filter: bool = False
+    objectives_file: str = ""
     max_request_body_bytes: int = 32 << 20
     v: int = 2
 
@@ -76,10 +85,29 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="static endpoints (no Kubernetes), comma-separated")
     parser.add_argument("--static-endpoints-file", default="", metavar="PATH",
                         help="static endpoints from a file (YAML list or one per line); reloaded on change")
-    parser.add_argument("--pool-name", default="", help="InferencePool name (reported in metrics)")
-    parser.add_argument("--pool-namespace", default="", help="InferencePool namespace")
+    parser.add_argument("--pool-name", default="",
+                        help="InferencePool to serve (Kubernetes discovery); with static endpoints only a label")
+    parser.add_argument("--pool-namespace", default="",
+                        help="InferencePool namespace (default: env NAMESPACE, then 'default')")
+    parser.add_argument("--pool-group", default=d.pool_group, help="InferencePool API group (version v1)")
+    parser.add_argument("--endpoint-selector", default="", metavar="K=V,...",
+                        help="standalone mode: pods with these labels are the pool (no CRDs; not with --pool-name)")
+    parser.add_argument("--endpoint-target-ports", default="", metavar="PORT,...",
+                        help="standalone mode: the pods' model-server ports, 1 to 8 (one endpoint per port)")
+    parser.add_argument("--kubeconfig", default="",
+                        help="kubeconfig file (default: in-cluster service account, then KUBECONFIG, ~/.kube/config)")
+    add_bool(parser, "--ha-enable-leader-election", d.ha_enable_leader_election,
+             "elect a leader among replicas with a Lease; only the leader reports ready")
+    parser.add_argument("--ha-lease-duration", type=_duration, default=d.ha_lease_duration, metavar="DURATION",
+                        help="leader election: how long a lease lasts without renewal (default 15s)")
+    parser.add_argument("--ha-renew-deadline", type=_duration, default=d.ha_renew_deadline, metavar="DURATION",
+                        help="leader election: the leader steps down if it cannot renew for this long (default 10s)")
+    parser.add_argument("--ha-retry-period", type=_duration, default=d.ha_retry_period, metavar="DURATION",
+                        help="leader election: how often to try to acquire or renew (default 2s)")
     add_bool(parser, "--disable-endpoint-subset-filter", d.disable_endpoint_subset_filter,
              "ignore the proxy's x-gateway-destination-endpoint-subset hint")
+    parser.add_argument("--objectives-file", default="", metavar="PATH",
+                        help="InferenceObjective manifests (YAML) giving each objective its priority")
     parser.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
                         help="larger request bodies are rejected with 413")
     parser.add_argument("--v", "-v", dest="v", type=int, default=d.v, metavar="LEVEL",

@@ -1,14 +1,16 @@
 """Every plugin `type` a config may name, across layers.
 
 Scheduling plugins come from `epp.scheduling.plugins.PLUGIN_CLASSES`; saturation detectors from
-`epp.flowcontrol`; data-layer sources and extractors from `epp.datalayer.PLUGIN_CLASSES`; request
-parsers from `epp.config.parsers`. Config is the composition layer, so it may import all of them.
+`epp.flowcontrol`; flow-control policies from `epp.flowcontrol.plugins.PLUGIN_CLASSES`; data-layer
+sources and extractors from `epp.datalayer.PLUGIN_CLASSES`; request parsers from
+`epp.config.parsers`. Config is the composition layer, so it may import all of them.
 """
 
 from __future__ import annotations
 
 from epp.config.parsers import PARSER_CLASSES
 from epp.flowcontrol.concurrency_detector import ConcurrencyDetector
+from epp.flowcontrol.plugins import PLUGIN_CLASSES as FLOW_CONTROL_CLASSES
 from epp.flowcontrol.utilization_detector import UtilizationDetector
 from epp.datalayer import PLUGIN_CLASSES as DATALAYER_CLASSES
 from epp.plugin import Plugin
@@ -25,7 +27,8 @@ DATA_EXTRACTOR_TYPES = frozenset({CORE_METRICS_EXTRACTOR})
 def all_plugin_types() -> dict[str, type[Plugin]]:
     """Config `type` -> plugin class, for every layer."""
     table: dict[str, type[Plugin]] = {}
-    for cls in (*SCHEDULING_CLASSES, *DETECTOR_CLASSES, *DATALAYER_CLASSES, *PARSER_CLASSES):
+    for cls in (*SCHEDULING_CLASSES, *DETECTOR_CLASSES, *FLOW_CONTROL_CLASSES, *DATALAYER_CLASSES,
+                *PARSER_CLASSES):
         if cls.type in table and table[cls.type] is not cls:
             raise RuntimeError(f"plugin type {cls.type!r} is defined twice: {table[cls.type]} and {cls}")
         table[cls.type] = cls

@@ -5,7 +5,9 @@ Parameters (names as in the reference):
   engineLabelKey   pod label naming the engine (default "inference.networking.k8s.io/engine-type")
   engineConfigs    list of {name, queuedRequestsSpec, runningRequestsSpec, kvUsageSpec, loraSpec,
                    cacheInfoSpec, cacheBlockSizeLabelName, cacheNumBlocksLabelName,
-                   cacheBlockSizeSpec, cacheNumBlocksSpec}
+                   cacheBlockSizeSpec, cacheNumBlocksSpec, interTokenLatencySpec}
+                   (`interTokenLatencySpec` is ours: a histogram base name whose `_sum`/`_count`
+                   give the mean inter-token latency per scrape window, for flow control's gate)
 An `engineConfigs` entry replaces the whole built-in entry of the same name (so a vLLM override
 loses the `gpu_cache_usage_perc` fallback); an omitted or empty spec turns that metric off.
 """
@@ -42,6 +44,7 @@ _SPEC_FIELDS = (
     ("cacheInfoSpec", "cache_info"),
     ("cacheBlockSizeSpec", "cache_block_size"),
     ("cacheNumBlocksSpec", "cache_num_blocks"),
+    ("interTokenLatencySpec", "itl"),
 )
 
 

@@ -37,13 +37,19 @@ class EngineMapping:
     cache_num_blocks_label: str = "num_gpu_blocks"
     cache_block_size: Specs = ()  # plain gauges, for engines without an info metric
     cache_num_blocks: Specs = ()
+    # Histogram base name(s) of the inter-token latency; `_sum` and `_count` are read and the
+    # mean over each scrape window becomes `EndpointMetrics.inter_token_latency`.
+    itl: Specs = ()
     primary: WantedNames = field(init=False, repr=False, compare=False)
     fallback: WantedNames = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fields = self.fields()
-        object.__setattr__(self, "primary", WantedNames(specs[0].name for specs in fields if specs))
-        object.__setattr__(self, "fallback", WantedNames(s.name for specs in fields for s in specs[1:]))
+        itl = [(f"{s.name}_sum", f"{s.name}_count") for s in self.itl]
+        primary = [specs[0].name for specs in fields if specs] + list(itl[0] if itl else ())
+        fallback = [s.name for specs in fields for s in specs[1:]] + [n for pair in itl[1:] for n in pair]
+        object.__setattr__(self, "primary", WantedNames(primary))
+        object.__setattr__(self, "fallback", WantedNames(fallback))
 
     def fields(self) -> tuple[Specs, ...]:
         return (self.queued, self.running, self.kv_usage, self.lora, self.cache_info,
@@ -69,6 +75,8 @@ def _builtins() -> Mapping[str, EngineMapping]:
             kv_usage=specs("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
             lora=specs("vllm:lora_requests_info"),
             cache_info=specs("vllm:cache_config_info"),
+            # time_per_output_token is the pre-0.11 name of the same histogram.
+            itl=specs("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
         ),
         EngineMapping(
             name="sglang",
@@ -78,6 +86,7 @@ def _builtins() -> Mapping[str, EngineMapping]:
             cache_info=specs("sglang:cache_config_info"),
             cache_block_size_label="page_size",
             cache_num_blocks_label="num_pages",
+            itl=specs("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
         ),
         EngineMapping(
             name="trtllm-serve",

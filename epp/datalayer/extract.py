@@ -32,7 +32,9 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
                     cache: LineCache | None = None) -> Extraction:
     """Read the mapping's metrics from a `/metrics` body. Raises `MetricsParseError`."""
     samples = parse_wanted(body, mapping.primary, cache)
-    if mapping.fallback.names and any(len(f) > 1 and f[0].name not in samples for f in mapping.fields()):
+    if mapping.fallback.names and (
+            any(len(f) > 1 and f[0].name not in samples for f in mapping.fields())
+            or (len(mapping.itl) > 1 and f"{mapping.itl[0].name}_count" not in samples)):
         samples.update(parse_wanted(body, mapping.fallback, cache))
     found: dict[str, Any] = {}
     problems: list[str] = []
@@ -65,9 +67,50 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
         if value is not None:
             found[key] = max(0, int(value))
 
+    if mapping.itl:
+        totals = _histogram_totals(mapping.itl, samples)
+        if totals is not None:  # absent is not a problem: the ITL gate then treats it as unknown
+            _read_itl(totals, previous, found)
+
     if not found:
         return Extraction(None, tuple(problems))
     return Extraction(replace(previous, update_time=now, **found), tuple(problems))
+
+
+def _histogram_totals(specs: Specs, samples: dict[str, list[Sample]]) -> tuple[float, float] | None:
+    """(sum, count) of a histogram over the matching series (engines, models) of the first
+    alternative present: the pod-wide mean is what a dispatch decision needs. The fast parser
+    reads a name's first contiguous run of lines, so where an exposition interleaves series
+    (`_count`/`_sum` per label set) the first series stands for the pod; sum and count then
+    still come from the same series."""
+    for spec in specs:
+        sums = samples.get(f"{spec.name}_sum")
+        counts = samples.get(f"{spec.name}_count")
+        if not sums or not counts:
+            continue
+        total = sum(s.value for s in sums if spec.matches(s.labels))
+        count = sum(s.value for s in counts if spec.matches(s.labels))
+        if math.isfinite(total) and math.isfinite(count):
+            return total, count
+    return None
+
+
+def _read_itl(totals: tuple[float, float], previous: EndpointMetrics, found: dict[str, Any]) -> None:
+    """Mean inter-token latency over the window since the previous scrape.
+
+    No tokens in the window: an idle pod has no latency (0.0); a busy one keeps its last value
+    (a window can be shorter than one token). The first scrape, or counters that went backwards
+    (a restarted server), only set the baseline.
+    """
+    total, count = totals
+    found["itl_sum"], found["itl_count"] = total, count
+    d_sum, d_count = total - previous.itl_sum, count - previous.itl_count
+    if previous.update_time == 0.0 or d_count < 0 or d_sum < 0:
+        return
+    if d_count > 0:
+        found["inter_token_latency"] = d_sum / d_count
+    elif found.get("running_requests", previous.running_requests) == 0:
+        found["inter_token_latency"] = 0.0
 
 
 def _latest(specs: Specs, samples: dict[str, list[Sample]]) -> Sample | None:

@@ -43,6 +43,13 @@ class EndpointMetrics:
     cache_block_size: int = 0  # tokens per KV block
     cache_num_blocks: int = 0  # KV blocks on the device
     update_time: float = 0.0
+    # Mean inter-token latency (seconds) over the last scrape window, from the engine's histogram
+    # sum/count deltas; 0.0 when unknown (first scrape, no metric) or the pod is idle.
+    inter_token_latency: float = 0.0
+    # The histogram's cumulative sum and count at this scrape: the baseline for the next delta,
+    # not a signal, so they are left out of comparisons.
+    itl_sum: float = field(default=0.0, compare=False)
+    itl_count: float = field(default=0.0, compare=False)
 
 
 EMPTY_METRICS = EndpointMetrics()

@@ -169,8 +169,8 @@ class RequestStream:
         request.fairness_id = headers.get(FAIRNESS_ID) or DEFAULT_FAIRNESS_ID
         request.subset = self.subset
         self.request = request
-        # No await between accounting and this assignment: a cancelled stream either holds a
-        # record (released by close()) or accounted nothing.
+        # If this stream is cancelled while the request waits (flow control) or right after its
+        # dispatch, the director releases the pick itself; once assigned, close() releases it.
         decision, self.record = await self.director.handle_request(request)
         return decision
 

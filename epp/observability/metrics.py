@@ -8,7 +8,7 @@ when Prometheus scrapes, from the datastore, so they are never older than the sc
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,6 +34,29 @@ _NTPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125,
                   0.6, 0.8, 1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 12.0, 18.0, 24.0, 30.0, 36.0, 48.0, 60.0)
 _SCHEDULER_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 _RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                  60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+_CYCLE_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_FLOW_QUEUE_LABELS = ["fairness_id", "priority", "inference_pool", "model_name", "target_model_name"]
+
+
+class SaturationCollector(Collector):
+    """`inference_extension_flow_control_pool_saturation`: the saturation detector's pool value,
+    computed when Prometheus scrapes (with or without flow control: the legacy admission sheds
+    sheddable requests on the same number)."""
+
+    def __init__(self, datastore: Datastore) -> None:
+        self.datastore = datastore
+        self.source: Callable[[], float] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.source is None:
+            return
+        family = GaugeMetricFamily("inference_extension_flow_control_pool_saturation",
+                                   "Saturation of the inference pool as the saturation detector sees it (>= 1 is saturated).",
+                                   labels=["inference_pool"])
+        family.add_metric([self.datastore.pool.name or "default"], float(self.source()))
+        yield family
 
 
 class PoolCollector(Collector):
@@ -109,6 +132,69 @@ class EppMetrics:
         self.prefix_indexer_hit_ratio = Histogram("inference_extension_prefix_indexer_hit_ratio", "Ratio of prefix length matched to total prefix length in the cache lookup.",
                                                   buckets=_RATIO_BUCKETS, registry=r)
         r.register(PoolCollector(datastore, staleness))
+        # -- flow control (reference names; `rejections` is ours) --
+        self.datastore = datastore
+        self.flow_queue_size = Gauge("inference_extension_flow_control_queue_size",
+                                     "Number of requests waiting in flow control.", _FLOW_QUEUE_LABELS, registry=r)
+        self.flow_queue_bytes = Gauge("inference_extension_flow_control_queue_bytes",
+                                      "Request body bytes held by requests waiting in flow control.",
+                                      _FLOW_QUEUE_LABELS, registry=r)
+        self.flow_queue_duration = Histogram("inference_extension_flow_control_request_queue_duration_seconds",
+                                             "Time requests spent in flow control, by outcome.",
+                                             ["fairness_id", "priority", "outcome", "inference_pool", *mt],
+                                             buckets=_QUEUE_BUCKETS, registry=r)
+        self.flow_enqueue_seconds = Histogram("inference_extension_flow_control_request_enqueue_duration_seconds",
+                                              "Time the enqueue step took; outcome Enqueued or the rejection.",
+                                              ["fairness_id", "priority", "outcome"], buckets=_CYCLE_BUCKETS, registry=r)
+        self.flow_cycle_seconds = Histogram("inference_extension_flow_control_dispatch_cycle_duration_seconds",
+                                            "Time one flow-control dispatch cycle took.", buckets=_CYCLE_BUCKETS, registry=r)
+        self.flow_rejections = Counter("inference_extension_flow_control_rejections",
+                                       "Requests admission ended without dispatching them, by reason (capacity, "
+                                       "band_capacity, saturated, ttl, evicted, cancelled, shutdown) and priority.",
+                                       ["reason", "priority", "inference_pool"], registry=r)
+        self._flow_queued: dict[tuple[str, ...], list[int]] = {}
+        self._saturation = SaturationCollector(datastore)
+        r.register(self._saturation)
+
+    def set_saturation_source(self, source: Callable[[], float]) -> None:
+        """Where the pool saturation gauge reads from (the configured detector over the pool)."""
+        self._saturation.source = source
+
+    # -- events from flow control (`epp.flowcontrol.sink.FlowMetricsSink`) --
+
+    def _pool(self) -> str:
+        return self.datastore.pool.name or "default"
+
+    def flow_queue_changed(self, fairness_id: str, priority: int, model: str, target_model: str,
+                           requests: int, size: int) -> None:
+        labels = (fairness_id, str(priority), self._pool(), model, target_model)
+        held = self._flow_queued.setdefault(labels, [0, 0])
+        held[0] += requests
+        held[1] += size
+        if held[0] <= 0:  # drop the series of a flow that left: fairness ids are unbounded over time
+            del self._flow_queued[labels]
+            for gauge in (self.flow_queue_size, self.flow_queue_bytes):
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+            return
+        self.flow_queue_size.labels(*labels).set(held[0])
+        self.flow_queue_bytes.labels(*labels).set(held[1])
+
+    def flow_request_done(self, fairness_id: str, priority: int, model: str, target_model: str,
+                          outcome: str, seconds: float) -> None:
+        self.flow_queue_duration.labels(fairness_id, str(priority), outcome, self._pool(), model,
+                                        target_model).observe(seconds)
+
+    def flow_rejected(self, reason: str, priority: int) -> None:
+        self.flow_rejections.labels(reason, str(priority), self._pool()).inc()
+
+    def flow_enqueue_duration(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None:
+        self.flow_enqueue_seconds.labels(fairness_id, str(priority), outcome).observe(seconds)
+
+    def flow_dispatch_cycle(self, seconds: float) -> None:
+        self.flow_cycle_seconds.observe(seconds)
 
     # -- events from request control --
 

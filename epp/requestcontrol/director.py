@@ -46,6 +46,7 @@ class RequestRecord:
     first_byte: float = 0.0
     released: bool = False
     error_code: str = ""
+    admitted: bool = False  # went through `Admission.run`, which is told when it ends
 
 
 class Director:
@@ -107,11 +108,31 @@ class Director:
                 "failed to find endpoint candidates for serving the request",
                 reason="no_candidates",
             )
-        result = await self.admission.run(request, candidates, self._schedule)
-        record = self._account(request, result.primary)
-        for plugin in self.pre_request:
-            plugin.pre_request(request, result)
-        return Decision(targets=result.targets, body=self._body(request), result=result), record
+        # The pick is accounted inside `schedule`, when it happens: flow control may dispatch
+        # several requests in one cycle and each must see the ones before it. If this coroutine
+        # ends without returning the record (cancelled just after its dispatch, a plugin raised),
+        # the pick is released here so no in-flight count or flow slot is left behind.
+        picked: list[RequestRecord] = []
+
+        def schedule(req: InferenceRequest, eligible: list[Endpoint]) -> SchedulingResult:
+            result = self._schedule(req, eligible)
+            picked.append(self._account(req, result.primary, admitted=True))
+            return result
+
+        try:
+            result = await self.admission.run(request, candidates, schedule)
+            record = picked[-1] if picked else self._account(request, result.primary, admitted=True)
+            for plugin in self.pre_request:
+                plugin.pre_request(request, result)
+            body = self._body(request)
+        except BaseException as exc:
+            code = exc.code.value if isinstance(exc, EppError) else (
+                Code.INTERNAL.value if isinstance(exc, Exception) else "Cancelled")
+            for leftover in picked:
+                leftover.error_code = code
+                self.release(leftover)
+            raise
+        return Decision(targets=result.targets, body=body, result=result), record
 
     def handle_headers_only(self, request: InferenceRequest) -> tuple[Decision, RequestRecord]:
         """A request without a body: a uniformly random candidate, as the reference does."""
@@ -139,20 +160,25 @@ class Director:
             self.metrics.scheduled(request, result.primary, time.perf_counter() - start)
         return result
 
-    def _account(self, request: InferenceRequest, endpoint: Endpoint) -> RequestRecord:
+    def _account(self, request: InferenceRequest, endpoint: Endpoint, *, admitted: bool = False) -> RequestRecord:
         tokens = request.prompt_tokens_estimate + (request.max_tokens or 0)
         endpoint.inflight_requests += 1
         endpoint.inflight_tokens += tokens
         if self.metrics:
             self.metrics.running_changed(request.model, +1)
-        return RequestRecord(request=request, endpoint=endpoint, tokens=tokens)
+        return RequestRecord(request=request, endpoint=endpoint, tokens=tokens, admitted=admitted)
 
-    @staticmethod
-    def _body(request: InferenceRequest) -> bytes | None:
-        """Re-serialise only when we changed the body (unlike the reference, which always does)."""
-        if request.body is None or not request.model_rewritten:
+    def _body(self, request: InferenceRequest) -> bytes | None:
+        """Re-serialise only when we changed the body (unlike the reference, which always does):
+        a model rewrite, or fields the admission sets (flow control's vLLM `priority`)."""
+        if request.body is None:
             return None
-        request.body["model"] = request.target_model
+        fields = self.admission.body_fields(request)
+        if not request.model_rewritten and not fields:
+            return None
+        if request.model_rewritten:
+            request.body["model"] = request.target_model
+        request.body.update(fields)
         return orjson.dumps(request.body)
 
     # -- response path --
@@ -172,6 +198,11 @@ class Director:
         if endpoint is not None:
             endpoint.inflight_requests = max(0, endpoint.inflight_requests - 1)
             endpoint.inflight_tokens = max(0, endpoint.inflight_tokens - record.tokens)
+        if record.admitted:
+            try:
+                self.admission.completed(record.request, usage)
+            except Exception:  # never leak the rest of the accounting
+                log.exception("admission completion failed")
         for plugin in self.response_complete:
             try:
                 plugin.response_complete(record.request, endpoint)

@@ -1,0 +1,357 @@
+"""The flow controller: a synchronous core with an injected clock (reference §5.3, plus gates).
+
+Everything here is plain computation — no asyncio, no wall-clock reads — so the very same code
+runs behind the ext_proc server (`flow_admission.FlowControlAdmission` wraps it with futures and
+a dispatch loop) and inside the virtual-time simulator, which calls it directly:
+
+    item = QueueItem(request, schedule)          # schedule(request, candidates) -> SchedulingResult
+    endings = controller.enqueue(item)           # rejections (maybe this item), displaced items
+    endings = controller.dispatch()              # dispatched items (with results), expiries
+    controller.remove(item)                      # the client went away while queued
+    controller.complete(item, usage)             # a dispatched request ended
+
+**Dispatch.** A cycle dispatches one request at a time, each time starting again from the
+highest band, until nothing more can go:
+1. Strict priority: bands from the highest priority down.
+2. Saturation: an endpoint whose saturation (the configured detector, per endpoint) is at or above
+   the band's usage-limit ceiling is closed to that band. If *no* endpoint is open the cycle
+   stops — lower bands never leapfrog a higher band held back by saturation (the reference's
+   head-of-line rule; with the default ceiling of 1.0 for every band they would be held too).
+3. The band's own dispatch gate (queue depth with the in-flight guard, KV use, inter-token
+   latency, our in-flight count) filters the open endpoints. A band blocked *only by its own
+   thresholds* is skipped and lower bands may dispatch: a band that asks for stricter conditions
+   (batch only into empty queues) must not hold up others. Configure thresholds that get stricter
+   as priority falls, so a lower band never takes an endpoint a waiting higher band refuses.
+4. The band's fairness policy names the request; its subset hint, if any, narrows the endpoints.
+   If none is left, the request waits and lower bands may go; the rest of its own band waits
+   behind it for this cycle (fairness order is kept; subset hints are rare and per request).
+5. `schedule(request, eligible)` picks among the eligible endpoints only ("late binding"). It is
+   expected to count the pick against the endpoint at once (the director does), so the next
+   dispatch of the same cycle sees it.
+
+Work conservation: a request stays queued only when no endpoint may take it; callers run a cycle
+whenever that can change (an enqueue, a completion, new metrics, an endpoint added).
+
+**Cost.** Enqueue, removal, completion and expiry are O(log n) in the queued requests. A
+dispatch is O(bands × endpoints) for the gates plus the scheduler's own cost; no queued request
+is scanned.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+from epp.api.response import Usage
+from epp.datastore import Endpoint
+from epp.errors import Code, EppError
+from epp.flowcontrol.band import Band, Flow
+from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.gate import RecentDispatches
+from epp.flowcontrol.item import Ending, ItemState, Outcome, QueueItem, slo_ttft_seconds
+from epp.flowcontrol.item_queue import HeapQueue
+from epp.flowcontrol.saturation import SaturationDetector
+from epp.flowcontrol.sink import FlowMetricsSink
+from epp.scheduling.framework import SchedulingResult
+
+log = logging.getLogger("epp.flowcontrol")
+
+DEFAULT_FLOW = "default-flow"
+
+
+def _deadline(item: QueueItem) -> float:
+    return item.deadline
+
+
+class FlowController:
+    def __init__(
+        self,
+        config: FlowControlConfig,
+        detector: SaturationDetector,
+        endpoints: Callable[[], Sequence[Endpoint]],
+        clock: Callable[[], float],
+        metrics: FlowMetricsSink | None = None,
+    ) -> None:
+        self.config = config
+        self.detector = detector
+        self.endpoints = endpoints
+        self.clock = clock
+        self.metrics = metrics
+        self._bands: dict[int, Band] = {}
+        self._order: list[Band] = []  # highest priority first
+        self._keys: list[int] = []  # -priority of `_order`, for bisect
+        self._ttl = HeapQueue(_deadline)  # queued items with a finite deadline
+        self._recent = RecentDispatches()
+        self._seq = itertools.count(1)
+        self.queued_requests = 0
+        self.queued_bytes = 0
+        self.inflight = 0  # dispatched, not yet completed
+
+    # -- introspection --
+
+    def __len__(self) -> int:
+        return self.queued_requests
+
+    def band(self, priority: int) -> Band | None:
+        return self._bands.get(priority)
+
+    def bands(self) -> list[Band]:
+        return list(self._order)
+
+    def next_deadline(self) -> float | None:
+        """The earliest TTL expiry among queued requests (when to run a cycle at the latest)."""
+        item = self._ttl.peek()
+        return item.deadline if item is not None else None
+
+    # -- enqueue --
+
+    def enqueue(self, item: QueueItem, now: float | None = None) -> list[Ending]:
+        """Queue a request, or reject it at once. Returns what ended: a rejection of `item`
+        itself, and requests of lower sheddable bands evicted to make room for it."""
+        if item.state is not ItemState.NEW:
+            raise ValueError("a QueueItem can be enqueued once")
+        now = self.clock() if now is None else now
+        request = item.request
+        band = self._band(request.priority)
+        item.seq = next(self._seq)
+        item.priority = band.priority
+        item.flow_id = request.fairness_id or DEFAULT_FLOW
+        item.size = max(0, request.body_size)
+        item.enqueue_time = now
+        ttl = self.config.ttl(band.config)
+        item.deadline = now + ttl if ttl > 0 else math.inf
+        slo = slo_ttft_seconds(request)
+        item.slo_deadline = now + slo if slo is not None else math.inf
+
+        cfg = band.config
+        if cfg.shed_when_saturated and self._pool_saturated(item, band):
+            return [self._end(item, Outcome.REJECTED_OTHER, now, EppError(
+                Code.RESOURCE_EXHAUSTED, "system saturated, sheddable request dropped", reason="saturated"))]
+        if cfg.max_requests and band.count >= cfg.max_requests:
+            return [self._reject_capacity(item, now, f"priority band {band.priority} is full "
+                                                     f"(maxRequests {cfg.max_requests})", "band_capacity")]
+        if band.bytes + item.size > cfg.max_bytes:
+            return [self._reject_capacity(item, now, f"priority band {band.priority} is full "
+                                                     f"(maxBytes {cfg.max_bytes})", "band_capacity")]
+        endings: list[Ending] = []
+        if self._over_global(item.size):
+            evicted = self._make_room(item, band, now)
+            if evicted is None:
+                limit = (f"maxRequests {self.config.max_requests}" if self._over_global(item.size, bytes_=False)
+                         else f"maxBytes {self.config.max_bytes}")
+                return [self._reject_capacity(item, now, f"the queue is full (global {limit})", "capacity")]
+            endings.extend(evicted)
+
+        band.add(item)
+        item.state = ItemState.QUEUED
+        self.queued_requests += 1
+        self.queued_bytes += item.size
+        if item.deadline != math.inf:
+            self._ttl.push(item)
+        if self.metrics is not None:
+            self.metrics.flow_queue_changed(item.flow_id, band.priority, request.model, request.target_model,
+                                            1, item.size)
+        return endings
+
+    def _band(self, priority: int) -> Band:
+        band = self._bands.get(priority)
+        if band is None:
+            cfg = self.config.band(priority)
+            band = Band(cfg, cfg.fairness.new_band(cfg.ordering))
+            self._bands[priority] = band
+            at = bisect.bisect(self._keys, -priority)
+            self._keys.insert(at, -priority)
+            self._order.insert(at, band)
+        return band
+
+    def _pool_saturated(self, item: QueueItem, band: Band) -> bool:
+        return self.detector.saturation(self._allowed(item, self.endpoints())) >= \
+            self.config.usage_limit.ceiling(band.priority)
+
+    def _over_global(self, size: int, *, requests: bool = True, bytes_: bool = True) -> bool:
+        cfg = self.config
+        return bool((requests and cfg.max_requests and self.queued_requests + 1 > cfg.max_requests)
+                    or (bytes_ and cfg.max_bytes and self.queued_bytes + size > cfg.max_bytes))
+
+    def _make_room(self, item: QueueItem, band: Band, now: float) -> list[Ending] | None:
+        """Evict the newest requests of lower sheddable bands until `item` fits the global
+        limits, lowest band first; None (and nothing evicted) if even all of them would not do."""
+        if not self.config.evict_sheddable:
+            return None
+        victims = [b for b in reversed(self._order) if b.priority < 0 and b.priority < band.priority and b.count]
+        cfg = self.config
+        need_requests = self.queued_requests + 1 - cfg.max_requests if cfg.max_requests else 0
+        need_bytes = self.queued_bytes + item.size - cfg.max_bytes if cfg.max_bytes else 0
+        if sum(b.count for b in victims) < need_requests or sum(b.bytes for b in victims) < need_bytes:
+            return None
+        endings: list[Ending] = []
+        for victim_band in victims:
+            while victim_band.count and (need_requests > 0 or need_bytes > 0):
+                victim = victim_band.arrivals.newest()
+                assert victim is not None
+                need_requests -= 1
+                need_bytes -= victim.size
+                self._unqueue(victim, victim_band, popped=False)
+                endings.append(self._end(victim, Outcome.EVICTED_OTHER, now, EppError(
+                    Code.RESOURCE_EXHAUSTED, "request evicted by flow control: the queue is full and a "
+                    "higher-priority request took its place", reason="evicted")))
+            if need_requests <= 0 and need_bytes <= 0:
+                break
+        return endings
+
+    def _reject_capacity(self, item: QueueItem, now: float, why: str, reason: str) -> Ending:
+        return self._end(item, Outcome.REJECTED_CAPACITY, now,
+                         EppError(Code.RESOURCE_EXHAUSTED, f"request rejected by flow control: {why}", reason=reason))
+
+    # -- leaving the queue without a dispatch --
+
+    def remove(self, item: QueueItem, now: float | None = None) -> Ending | None:
+        """The client went away while queued: drop the request and every count it held, now.
+        Returns None if it was not queued (already dispatched or ended)."""
+        if item.state is not ItemState.QUEUED:
+            return None
+        now = self.clock() if now is None else now
+        self._unqueue(item, self._bands[item.priority], popped=False)
+        return self._end(item, Outcome.EVICTED_CONTEXT_CANCELLED, now, EppError(
+            Code.SERVICE_UNAVAILABLE, "client disconnected while queued", reason="cancelled"))
+
+    def drain(self, now: float | None = None) -> list[Ending]:
+        """End every queued request (shutdown)."""
+        now = self.clock() if now is None else now
+        endings = []
+        for band in self._order:
+            for item in band.arrivals:
+                self._unqueue(item, band, popped=False)
+                endings.append(self._end(item, Outcome.EVICTED_OTHER, now, EppError(
+                    Code.SERVICE_UNAVAILABLE, "flow control is shutting down", reason="shutdown")))
+        return endings
+
+    def _unqueue(self, item: QueueItem, band: Band, *, popped: bool) -> Flow:
+        flow = band.unlink(item, popped=popped)
+        self.queued_requests -= 1
+        self.queued_bytes -= item.size
+        if item.deadline != math.inf:
+            self._ttl.remove(item)
+        if self.metrics is not None:
+            request = item.request
+            self.metrics.flow_queue_changed(item.flow_id, band.priority, request.model, request.target_model,
+                                            -1, -item.size)
+        if not popped:
+            band.release_flow_if_idle(flow)
+        return flow
+
+    def _end(self, item: QueueItem, outcome: Outcome, now: float, error: EppError | None = None,
+             result: SchedulingResult | None = None) -> Ending:
+        if outcome is not Outcome.DISPATCHED:
+            item.state = ItemState.DONE
+        if self.metrics is not None:
+            request = item.request
+            self.metrics.flow_request_done(item.flow_id, item.priority, request.model, request.target_model,
+                                           outcome.value, max(0.0, now - item.enqueue_time))
+            if error is not None and outcome is not Outcome.DISPATCHED:
+                self.metrics.flow_rejected(error.reason, item.priority)
+        return Ending(item, outcome, result, error)
+
+    # -- dispatch --
+
+    def dispatch(self, now: float | None = None) -> list[Ending]:
+        """Expire overdue requests, then dispatch everything that can go now."""
+        now = self.clock() if now is None else now
+        endings = self._expire(now)
+        if not self.queued_requests:
+            return endings
+        endpoints = list(self.endpoints())
+        self._recent.prune(endpoints)
+        while self.queued_requests:
+            ending = self._dispatch_one(endpoints, now)
+            if ending is None:
+                break
+            endings.append(ending)
+        return endings
+
+    def _expire(self, now: float) -> list[Ending]:
+        endings: list[Ending] = []
+        while True:
+            item = self._ttl.peek()
+            if item is None or item.deadline > now:
+                return endings
+            self._unqueue(item, self._bands[item.priority], popped=False)
+            waited = now - item.enqueue_time
+            endings.append(self._end(item, Outcome.EVICTED_TTL, now, EppError(
+                Code.SERVICE_UNAVAILABLE, f"request timed out in queue after {waited:.3g}s", reason="ttl")))
+
+    def _dispatch_one(self, endpoints: list[Endpoint], now: float) -> Ending | None:
+        saturation: dict[Endpoint, float] = {}
+        for band in self._order:
+            if not band.count:
+                continue
+            ceiling = self.config.usage_limit.ceiling(band.priority)
+            open_ = []
+            for ep in endpoints:
+                value = saturation.get(ep)
+                if value is None:
+                    value = saturation[ep] = self.detector.saturation((ep,))
+                if value < ceiling:
+                    open_.append(ep)
+            if not open_:
+                return None  # saturated: lower bands wait too (head of line)
+            eligible = band.config.gate.filter(open_, self._recent)
+            if not eligible:
+                continue  # this band's own thresholds; lower bands may go
+            head = band.queue.peek()
+            assert head is not None
+            candidates = self._allowed(head, eligible)
+            if not candidates:
+                continue  # its subset hint excludes every open endpoint
+            item = band.queue.pop()
+            assert item is head, "a fairness policy popped another request than it peeked"
+            return self._dispatch(item, band, candidates, now)
+        return None
+
+    @staticmethod
+    def _allowed(item: QueueItem, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        if item.allowed is None:
+            return list(endpoints)
+        return [ep for ep in endpoints if ep.address in item.allowed]
+
+    def _dispatch(self, item: QueueItem, band: Band, candidates: list[Endpoint], now: float) -> Ending:
+        flow = self._unqueue(item, band, popped=True)
+        try:
+            result = item.schedule(item.request, candidates)
+        except Exception as exc:  # the request ends; the queue and its counters must not
+            error = exc if isinstance(exc, EppError) else EppError(
+                Code.INTERNAL, "internal flow control error: scheduling failed", reason="internal")
+            if not isinstance(exc, EppError):
+                log.exception("scheduling a dispatched request failed")
+            band.queue.refund(item)  # it never ran: take back what fairness charged
+            band.release_flow_if_idle(flow)
+            item.state = ItemState.DONE
+            return self._end(item, Outcome.DISPATCHED, now, error)
+        if self.config.vllm_priority:
+            stride = self.config.vllm_priority_stride
+            item.engine_priority = -band.priority * stride + min(flow.inflight, stride - 1)
+        flow.inflight += 1
+        self.inflight += 1
+        item.state = ItemState.DISPATCHED
+        item.endpoint = result.primary
+        item.dispatch_time = now
+        self._recent.add(result.primary)
+        return self._end(item, Outcome.DISPATCHED, now, result=result)
+
+    # -- completion --
+
+    def complete(self, item: QueueItem, usage: Usage | None = None) -> None:
+        """A dispatched request ended (any way). `usage` corrects its fairness charge."""
+        if item.state is not ItemState.DISPATCHED:
+            return
+        item.state = ItemState.DONE
+        self.inflight -= 1
+        band = self._bands[item.priority]
+        band.queue.completed(item, usage)
+        flow = band.flows.get(item.flow_id)
+        if flow is not None:
+            flow.inflight -= 1
+            band.release_flow_if_idle(flow)

@@ -1,0 +1,157 @@
+"""Flow control behind the ext_proc server: the synchronous controller plus asyncio plumbing.
+
+`run` enqueues the request, runs a dispatch cycle at once (an idle pool dispatches without a
+single extra loop turn) and waits on a future the cycle resolves. A background loop runs a cycle
+whenever something may have freed capacity: a request completed, an endpoint was added, a TTL
+is due, and every `tick` seconds while requests wait (new scraped metrics arrive on that
+cadence; the default is the scrape interval).
+
+A caller that is cancelled while queued (the client went away, so Envoy closed the stream) takes
+its request out of the queue synchronously in its `except` block: nothing stays behind. One
+cancelled just after its dispatch keeps nothing here either: the director releases the pick it
+accounted in `schedule`, which calls `completed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+from epp.api.request import InferenceRequest
+from epp.api.response import Usage
+from epp.datastore import Datastore, Endpoint
+from epp.flowcontrol.admission import Admission, ScheduleFn
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.item import Ending, ItemState, Outcome, QueueItem
+from epp.flowcontrol.sink import FlowMetricsSink
+from epp.scheduling.framework import SchedulingResult
+
+log = logging.getLogger("epp.flowcontrol")
+
+
+class FlowControlAdmission(Admission):
+    def __init__(self, controller: FlowController, *, tick: float = 0.05, datastore: Datastore | None = None,
+                 metrics: FlowMetricsSink | None = None) -> None:
+        if tick <= 0:
+            raise ValueError("tick must be > 0")
+        self.controller = controller
+        self.tick = tick
+        self.datastore = datastore
+        self.metrics = metrics
+        self._dispatched: dict[int, QueueItem] = {}  # id(request) -> item, until `completed`
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._sleep_until = math.inf  # when the loop runs its next cycle unless woken (controller clock)
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="flow-control dispatch")
+        if self.datastore is not None:
+            self.datastore.subscribe(on_add=self._on_endpoint_added)
+
+    async def stop(self) -> None:
+        if self.datastore is not None:
+            self.datastore.unsubscribe(on_add=self._on_endpoint_added)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._resolve(self.controller.drain())
+
+    def _on_endpoint_added(self, endpoint: Endpoint) -> None:
+        self.wake()
+
+    def wake(self) -> None:
+        """Run a dispatch cycle soon (capacity may have appeared)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- Admission --
+
+    async def run(self, request: InferenceRequest, candidates: list[Endpoint], schedule: ScheduleFn) -> SchedulingResult:
+        allowed = None if request.subset is None else frozenset(ep.address for ep in candidates)
+        waiter: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
+        item = QueueItem(request, schedule, allowed, waiter=waiter)
+        started = time.perf_counter()
+        self._resolve(self.controller.enqueue(item))
+        if self.metrics is not None:
+            outcome = "Enqueued" if item.state is ItemState.QUEUED else (
+                waiter.result().outcome.value if waiter.done() else "Unknown")
+            self.metrics.flow_enqueue_duration(item.flow_id, item.priority, outcome, time.perf_counter() - started)
+        if item.state is ItemState.QUEUED:
+            self._cycle()
+            if item.state is ItemState.QUEUED and (self._sleep_until == math.inf or item.deadline < self._sleep_until):
+                self.wake()  # the loop sleeps past this request's tick or TTL: let it re-plan
+        try:
+            ending = await waiter
+        except asyncio.CancelledError:
+            if item.state is ItemState.QUEUED:
+                self.controller.remove(item)
+            raise
+        if ending.error is not None:
+            raise ending.error
+        assert ending.result is not None
+        return ending.result
+
+    def completed(self, request: InferenceRequest, usage: Usage | None) -> None:
+        item = self._dispatched.get(id(request))
+        if item is None or item.request is not request:
+            return
+        del self._dispatched[id(request)]
+        self.controller.complete(item, usage)
+        self.wake()
+
+    def body_fields(self, request: InferenceRequest) -> dict[str, Any]:
+        item = self._dispatched.get(id(request))
+        if item is None or item.request is not request or item.engine_priority is None:
+            return {}
+        return {"priority": item.engine_priority}
+
+    # -- dispatch --
+
+    def _resolve(self, endings: list[Ending]) -> None:
+        for ending in endings:
+            item = ending.item
+            if ending.outcome is Outcome.DISPATCHED and ending.error is None:
+                self._dispatched[id(item.request)] = item
+            waiter = item.waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(ending)
+
+    def _cycle(self) -> None:
+        busy = len(self.controller) > 0
+        started = time.perf_counter()
+        try:
+            endings = self.controller.dispatch()
+        except Exception:  # a bug must not stop the loop and strand every queued request
+            log.exception("flow-control dispatch cycle failed")
+            return
+        self._resolve(endings)
+        if busy and self.metrics is not None:
+            self.metrics.flow_dispatch_cycle(time.perf_counter() - started)
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        wake = self._wake
+        while True:
+            timeout = self.tick if len(self.controller) else math.inf
+            deadline = self.controller.next_deadline()
+            now = self.controller.clock()
+            if deadline is not None:
+                timeout = min(timeout, max(0.0, deadline - now))
+            self._sleep_until = now + timeout
+            if not wake.is_set():
+                try:
+                    async with asyncio.timeout(None if timeout == math.inf else timeout):
+                        await wake.wait()
+                except TimeoutError:
+                    pass
+            wake.clear()
+            self._cycle()
