@@ -25,10 +25,14 @@ from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.tls import server_credentials
 from epp.flowcontrol.factory import build_admission
 from epp.flowcontrol.objectives import load_objectives_file
+from epp.observability.admin import AdminServicer, QueueInfo, StatusSources
+from epp.observability.admin import add_to_server as add_admin_to_server
 from epp.observability.health import HealthServicer
 from epp.observability.metrics import EppMetrics
 from epp.observability.server import start_metrics_server
+from epp.observability.trace import DecisionTrace
 from epp.requestcontrol.director import Director
+from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from grpc_health.v1 import health_pb2_grpc
 
 if TYPE_CHECKING:
@@ -73,6 +77,8 @@ class EndpointPicker:
         # Flow control (feature gate `flowControl`) or the legacy shed-when-saturated admission.
         self.admission = build_admission(self.config.flow_control_config, detector, self.datastore,
                                          tick=options.refresh_metrics_interval, metrics=self.metrics)
+        self.trace = DecisionTrace()
+        self._observe_plugins()
         self.director = Director(
             self.datastore,
             self.config.scheduler,
@@ -82,16 +88,44 @@ class EndpointPicker:
             response_complete=self.config.response_complete,
             metrics=self.metrics,
             subset_filter=not options.disable_endpoint_subset_filter,
+            trace=self.trace,
         )
-        self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes)
+        self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes,
+                                         debug_header=options.debug_decision_header)
         self.scraper: MetricsScraper | None = None
         self.leader: LeaderElector | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health: grpc.aio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
+        self._admin: grpc.aio.Server | None = None
         self.grpc_port = 0
         self.health_port = 0
         self.metrics_port = 0
+        self.admin_port = 0
+
+    def _observe_plugins(self) -> None:
+        """Hook the scheduler and the prefix index into the metrics (they import nothing of it)."""
+        self.config.scheduler.timer = self.metrics.plugin_timed
+        for plugin in self.config.plugins.values():
+            if isinstance(plugin, ApproxPrefixCacheProducer):
+                plugin.observer = self.metrics.prefix_matched
+                self.metrics.set_prefix_index_size(lambda p=plugin: p.index.entries)
+                break
+
+    def _queues(self) -> list[QueueInfo]:
+        """Flow-control queues per band and flow (band rows carry the oldest request's age)."""
+        controller = getattr(self.admission, "controller", None)
+        if controller is None:
+            return []
+        now = self.datastore.clock()
+        rows: list[QueueInfo] = []
+        for band in controller.bands():
+            oldest = band.arrivals.peek()
+            rows.append(QueueInfo(band.priority, "*", band.count, band.bytes,
+                                  now - oldest.enqueue_time if oldest is not None else 0.0))
+            rows += [QueueInfo(band.priority, flow.id, flow.queued, flow.bytes, 0.0)
+                     for flow in band.flows.values() if flow.queued]
+        return rows
 
     def ready(self) -> bool:
         """Synced with the pool and, with leader election, the leader (gie-epp §1.9)."""
@@ -129,10 +163,24 @@ class EndpointPicker:
         self.health_port = self._health.add_insecure_port(f"{o.bind_address}:{o.grpc_health_port}")
         await self._health.start()
 
-        self._metrics_runner = await start_metrics_server(self.metrics, o.bind_address, o.metrics_port)
+        token = Path(o.metrics_bearer_token_file).read_text().strip() if o.metrics_bearer_token_file else ""
+        self._metrics_runner = await start_metrics_server(self.metrics, o.bind_address, o.metrics_port, token)
         self.metrics_port = self._metrics_runner.addresses[0][1]
+
+        if o.admin_port >= 0:
+            detector = self.config.saturation_detector
+            sources = StatusSources(
+                datastore=self.datastore, ready=self.ready, trace=self.trace, queues=self._queues,
+                saturation=lambda: detector.saturation(list(self.datastore.endpoints())),
+                flow_control_enabled=self.config.flow_control_config is not None,
+            )
+            self._admin = grpc.aio.server()
+            add_admin_to_server(AdminServicer(sources), self._admin)
+            self.admin_port = self._admin.add_insecure_port(f"{o.admin_bind_address}:{o.admin_port}")
+            await self._admin.start()
         log.info("endpoint picker started", extra={"grpc_port": self.grpc_port, "health_port": self.health_port,
-                                                   "metrics_port": self.metrics_port, "secure": o.secure_serving,
+                                                   "metrics_port": self.metrics_port, "admin_port": self.admin_port,
+                                                   "secure": o.secure_serving,
                                                    "endpoints": len(self.datastore.endpoints())})
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -143,6 +191,8 @@ class EndpointPicker:
         await self.admission.stop()  # after the grace period, in which queued requests may still go
         if self._health:
             await self._health.stop(0)
+        if self._admin:
+            await self._admin.stop(0)
         if self._metrics_runner:
             await self._metrics_runner.cleanup()
         if self.scraper:

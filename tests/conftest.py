@@ -37,7 +37,7 @@ dataLayer:
 
 @contextlib.asynccontextmanager
 async def running_picker(**overrides) -> AsyncIterator[EndpointPicker]:  # type: ignore[no-untyped-def]
-    values = dict(grpc_port=0, grpc_health_port=0, metrics_port=0, bind_address="127.0.0.1",
+    values = dict(grpc_port=0, grpc_health_port=0, metrics_port=0, admin_port=0, bind_address="127.0.0.1",
                   secure_serving=False, static_endpoints="10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000",
                   config_text=NO_SCRAPE)
     values.update(overrides)

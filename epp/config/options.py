@@ -54,6 +54,10 @@ class Options:
     disable_endpoint_subset_filter: bool = False
     objectives_file: str = ""
     max_request_body_bytes: int = 32 << 20
+    admin_port: int = 9004
+    admin_bind_address: str = "127.0.0.1"
+    debug_decision_header: bool = False
+    metrics_bearer_token_file: str = ""
     v: int = 2
 
 
@@ -110,6 +114,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="InferenceObjective manifests (YAML) giving each objective its priority")
     parser.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
                         help="larger request bodies are rejected with 413")
+    parser.add_argument("--admin-port", type=int, default=d.admin_port,
+                        help="admin gRPC API for `epp status` (default 9004; -1 turns it off)")
+    parser.add_argument("--admin-bind-address", default=d.admin_bind_address,
+                        help="address of the admin API (default 127.0.0.1: local only)")
+    add_bool(parser, "--debug-decision-header", d.debug_decision_header,
+             "add x-epp-decision (pick and scores) to responses; for troubleshooting only")
+    parser.add_argument("--metrics-bearer-token-file", default="", metavar="PATH",
+                        help="require this bearer token on /metrics")
     parser.add_argument("--v", "-v", dest="v", type=int, default=d.v, metavar="LEVEL",
                         help="log verbosity: 1 warnings, 2 default, 3 verbose, 4 debug (decision traces), 5 trace")
 

@@ -18,15 +18,17 @@ DEFAULT_MAX_BODY_BYTES = 32 << 20
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, director: Director, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(self, director: Director, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 debug_header: bool = False) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.debug_header = debug_header
         self.active_streams = 0
 
     async def Process(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self.director, self.max_body_bytes)
+        stream = RequestStream(self.director, self.max_body_bytes, self.debug_header)
         self.active_streams += 1
         try:
             async for message in request_iterator:

@@ -22,6 +22,7 @@ from epp.api.request import InferenceRequest, api_for_path, parse_request
 from epp.api.response import ResponseObserver, rewrite_model_name
 from epp.errors import Code, EppError
 from epp.extproc import messages
+from epp.observability.trace import DEBUG_HEADER
 from epp.requestcontrol.director import Decision, Director, RequestRecord
 
 log = logging.getLogger("epp.extproc")
@@ -68,9 +69,10 @@ def _subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
 
 
 class RequestStream:
-    def __init__(self, director: Director, max_body_bytes: int) -> None:
+    def __init__(self, director: Director, max_body_bytes: int, debug_header: bool = False) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.debug_header = debug_header
         self.request_body_mode = FULL_DUPLEX
         self.response_body_mode = FULL_DUPLEX
         self.headers: dict[str, str] = {}
@@ -207,6 +209,8 @@ class RequestStream:
         served_value = _struct_field(message, messages.LB_NAMESPACE, messages.DESTINATION_SERVED)
         served = served_value.string_value if served_value is not None else ""
         extra = self.director.on_response_headers(self.record, served) if self.record else {}
+        if self.debug_header and self.record is not None and self.record.decision is not None:
+            extra[DEBUG_HEADER] = self.record.decision.compact()
         if message.response_headers.end_of_stream:
             self._finish()
         return [messages.response_headers_response(extra)]

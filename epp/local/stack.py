@@ -26,6 +26,7 @@ class StackConfig:
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
     response_body_mode: str = "FULL_DUPLEX_STREAMED"
     refresh_metrics_interval: float = 0.05
+    debug_decision_header: bool = False
 
 
 class LocalStack:
@@ -51,9 +52,10 @@ class LocalStack:
 
                 self.discovery = StaticDiscovery(
                     parse_endpoint_list(",".join(f"{p.address}" for p in self.pods)))
-                options = Options(grpc_port=0, grpc_health_port=0, metrics_port=0, bind_address="127.0.0.1",
+                options = Options(grpc_port=0, grpc_health_port=0, metrics_port=0, admin_port=0, bind_address="127.0.0.1",
                                   secure_serving=c.secure_serving, config_text=c.epp_config_text,
-                                  refresh_metrics_interval=c.refresh_metrics_interval, pool_name="local")
+                                  refresh_metrics_interval=c.refresh_metrics_interval, pool_name="local",
+                                  debug_decision_header=c.debug_decision_header)
                 self.picker = EndpointPicker(options, discovery=self.discovery)
                 await self.picker.start()
                 epp_port = self.picker.grpc_port

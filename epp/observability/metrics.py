@@ -19,6 +19,7 @@ from epp import __version__
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
 from epp.datastore import Datastore, Endpoint
+from epp.plugin import Plugin
 
 if TYPE_CHECKING:
     from epp.requestcontrol.director import RequestRecord
@@ -95,6 +96,41 @@ class PoolCollector(Collector):
         for ep in fresh:
             per_pod.add_metric([pool, ep.name], float(ep.metrics.waiting_queue_size))
         yield per_pod
+        yield from self._endpoint_gauges(pool, now)
+
+    def _endpoint_gauges(self, pool: str, now: float) -> Iterator[GaugeMetricFamily]:
+        """Ours: every endpoint's signals as the EPP sees them, fresh or not, and their age, so an
+        SRE can tell a busy pod from one whose metrics stopped arriving."""
+        labels = ["name", "endpoint", "model_server_pod"]
+        families = {
+            "waiting": GaugeMetricFamily("inference_pool_endpoint_waiting_queue_size",
+                                         "Waiting requests the endpoint last reported.", labels=labels),
+            "running": GaugeMetricFamily("inference_pool_endpoint_running_requests",
+                                         "Running requests the endpoint last reported.", labels=labels),
+            "kv": GaugeMetricFamily("inference_pool_endpoint_kv_cache_utilization",
+                                    "KV-cache utilisation (0-1) the endpoint last reported.", labels=labels),
+            "itl": GaugeMetricFamily("inference_pool_endpoint_inter_token_latency_seconds",
+                                     "Mean inter-token latency over the endpoint's last scrape window.", labels=labels),
+            "inflight": GaugeMetricFamily("inference_pool_endpoint_inflight_requests",
+                                          "Requests this EPP picked for the endpoint that have not ended (exact).",
+                                          labels=labels),
+            "age": GaugeMetricFamily("inference_pool_endpoint_metrics_age_seconds",
+                                     "Seconds since the endpoint's metrics were last scraped successfully (-1: never).",
+                                     labels=labels),
+            "up": GaugeMetricFamily("inference_pool_endpoint_scrape_up",
+                                    "1 when the endpoint's last metrics scrape succeeded, else 0.", labels=labels),
+        }
+        for ep in self.datastore.endpoints():
+            m = ep.metrics
+            key = [pool, ep.address, ep.name]
+            families["waiting"].add_metric(key, float(m.waiting_queue_size))
+            families["running"].add_metric(key, float(m.running_requests))
+            families["kv"].add_metric(key, m.kv_cache_usage)
+            families["itl"].add_metric(key, m.inter_token_latency)
+            families["inflight"].add_metric(key, float(ep.inflight_requests))
+            families["age"].add_metric(key, now - m.update_time if m.update_time > 0 else -1.0)
+            families["up"].add_metric(key, 0.0 if ep.scrape_error or m.update_time <= 0 else 1.0)
+        yield from families.values()
 
 
 class EppMetrics:
@@ -129,6 +165,12 @@ class EppMetrics:
                                        buckets=_SCHEDULER_BUCKETS, registry=r)
         self.scheduler_attempts = Counter("inference_extension_scheduler_attempts", "Total number of scheduling attempts.",
                                           ["status", "target_model_name", "pod_name", "namespace", "port"], registry=r)
+        self.plugin_duration = Histogram("inference_extension_plugin_duration_seconds",
+                                         "Plugin processing latency distribution in seconds for each extension point, plugin type and plugin name.",
+                                         ["extension_point", "plugin_type", "plugin_name"], buckets=_SCHEDULER_BUCKETS, registry=r)
+        self.prefix_indexer_hit_bytes = Histogram("inference_extension_prefix_indexer_hit_bytes",
+                                                  "Length of the prefix match in number of bytes in the cache lookup.",
+                                                  buckets=_SIZE_BUCKETS, registry=r)
         self.prefix_indexer_hit_ratio = Histogram("inference_extension_prefix_indexer_hit_ratio", "Ratio of prefix length matched to total prefix length in the cache lookup.",
                                                   buckets=_RATIO_BUCKETS, registry=r)
         r.register(PoolCollector(datastore, staleness))
@@ -155,6 +197,18 @@ class EppMetrics:
         self._flow_queued: dict[tuple[str, ...], list[int]] = {}
         self._saturation = SaturationCollector(datastore)
         r.register(self._saturation)
+
+    def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
+        self.plugin_duration.labels(extension_point, plugin.type, plugin.name).observe(seconds)
+
+    def prefix_matched(self, ratio: float, hit_bytes: int) -> None:
+        self.prefix_indexer_hit_ratio.observe(ratio)
+        self.prefix_indexer_hit_bytes.observe(hit_bytes)
+
+    def set_prefix_index_size(self, source: Callable[[], int]) -> None:
+        """`inference_extension_prefix_indexer_size`, read when Prometheus scrapes."""
+        gauge = Gauge("inference_extension_prefix_indexer_size", "Size of the prefix indexer.", registry=self.registry)
+        gauge.set_function(lambda: float(source()))
 
     def set_saturation_source(self, source: Callable[[], float]) -> None:
         """Where the pool saturation gauge reads from (the configured detector over the pool)."""

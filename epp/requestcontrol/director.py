@@ -20,6 +20,7 @@ from epp.datastore import Datastore, Endpoint, split_host_port
 from epp.errors import Code, EppError
 from epp.flowcontrol.admission import Admission
 from epp.observability.metrics import EppMetrics
+from epp.observability.trace import DecisionRecord, DecisionTrace
 from epp.scheduling.framework import PreRequest, ResponseComplete, ResponseReceived, SchedulingResult
 from epp.scheduling.scheduler import Scheduler
 
@@ -47,6 +48,7 @@ class RequestRecord:
     released: bool = False
     error_code: str = ""
     admitted: bool = False  # went through `Admission.run`, which is told when it ends
+    decision: DecisionRecord | None = None  # the trace entry, for the debug response header
 
 
 class Director:
@@ -62,6 +64,7 @@ class Director:
         metrics: EppMetrics | None = None,
         subset_filter: bool = True,
         rng: random.Random | None = None,
+        trace: DecisionTrace | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -71,6 +74,7 @@ class Director:
         self.response_complete = response_complete or []
         self.metrics = metrics
         self.subset_filter = subset_filter
+        self.trace = trace
         self._rng = rng or random.Random()
 
     # -- request path --
@@ -97,17 +101,12 @@ class Director:
 
     async def handle_request(self, request: InferenceRequest) -> tuple[Decision, RequestRecord]:
         """Admit and schedule a request with a body. Raises `EppError` to end it."""
+        arrived = time.perf_counter()
+        timing = [0.0, 0.0]  # [dispatched at, scheduling seconds]
         if request.objective:
             request.priority = self.datastore.objective_priority(request.objective)
         if self.metrics:
             self.metrics.request_received(request)
-        candidates = self.candidates(request)
-        if not candidates:
-            raise EppError(
-                Code.SERVICE_UNAVAILABLE,
-                "failed to find endpoint candidates for serving the request",
-                reason="no_candidates",
-            )
         # The pick is accounted inside `schedule`, when it happens: flow control may dispatch
         # several requests in one cycle and each must see the ones before it. If this coroutine
         # ends without returning the record (cancelled just after its dispatch, a plugin raised),
@@ -115,11 +114,20 @@ class Director:
         picked: list[RequestRecord] = []
 
         def schedule(req: InferenceRequest, eligible: list[Endpoint]) -> SchedulingResult:
+            timing[0] = time.perf_counter()
             result = self._schedule(req, eligible)
+            timing[1] = time.perf_counter() - timing[0]
             picked.append(self._account(req, result.primary, admitted=True))
             return result
 
         try:
+            candidates = self.candidates(request)
+            if not candidates:
+                raise EppError(
+                    Code.SERVICE_UNAVAILABLE,
+                    "failed to find endpoint candidates for serving the request",
+                    reason="no_candidates",
+                )
             result = await self.admission.run(request, candidates, schedule)
             record = picked[-1] if picked else self._account(request, result.primary, admitted=True)
             for plugin in self.pre_request:
@@ -131,7 +139,18 @@ class Director:
             for leftover in picked:
                 leftover.error_code = code
                 self.release(leftover)
+            if self.trace is not None:
+                if isinstance(exc, EppError):
+                    self.trace.record(request, exc.reason, http_status=exc.http_status, message=exc.message,
+                                      scheduling_seconds=timing[1],
+                                      queued_seconds=(timing[0] or time.perf_counter()) - arrived)
+                elif not isinstance(exc, Exception):
+                    self.trace.record(request, "client_gone", http_status=0, message="stream cancelled",
+                                      queued_seconds=(timing[0] or time.perf_counter()) - arrived)
             raise
+        if self.trace is not None:
+            record.decision = self.trace.record(request, "picked", result=result, scheduling_seconds=timing[1],
+                                                queued_seconds=(timing[0] or arrived) - arrived)
         return Decision(targets=result.targets, body=body, result=result), record
 
     def handle_headers_only(self, request: InferenceRequest) -> tuple[Decision, RequestRecord]:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from epp.api.request import InferenceRequest
 from epp.datastore import Endpoint
 from epp.errors import Code, EppError
 from epp.scheduling.framework import (
     CycleState,
     DataProducer,
+    Plugin,
     ProfileHandler,
     ProfileResult,
     SchedulerProfile,
     SchedulingResult,
 )
+
+# (extension point, plugin, seconds): how long one plugin call took, for the metrics.
+PluginTimer = Callable[[str, Plugin, float], None]
 
 
 def _clamp(value: float) -> float:
@@ -22,24 +29,38 @@ def _clamp(value: float) -> float:
 
 
 def run_profile(
-    profile: SchedulerProfile, cycle: CycleState, request: InferenceRequest, candidates: list[Endpoint]
+    profile: SchedulerProfile,
+    cycle: CycleState,
+    request: InferenceRequest,
+    candidates: list[Endpoint],
+    timer: PluginTimer | None = None,
 ) -> ProfileResult:
     """Filters in order, then the weighted sum of scores, then the picker."""
+    clock = time.perf_counter
     endpoints = candidates
     for flt in profile.filters:
+        start = clock()
         endpoints = flt.filter(cycle, request, endpoints)
+        if timer:
+            timer("Filter", flt, clock() - start)
         if not endpoints:
             return ProfileResult(targets=[], filtered_by=flt.name)
     total = [0.0] * len(endpoints)
     scores: dict[str, list[float]] = {}
     for weighted in profile.scorers:
+        start = clock()
         raw = weighted.scorer.score(cycle, request, endpoints)
+        if timer:
+            timer("Scorer", weighted.scorer, clock() - start)
         scores[weighted.scorer.name] = raw
         weight = weighted.weight
         for i, value in enumerate(raw):
             total[i] += weight * _clamp(value)
     assert profile.picker is not None, f"profile {profile.name} has no picker"
+    start = clock()
     targets = profile.picker.pick(cycle, request, list(zip(endpoints, total)))
+    if timer:
+        timer("Picker", profile.picker, clock() - start)
     return ProfileResult(targets=targets, candidates=endpoints, scores=scores, total=total)
 
 
@@ -57,6 +78,7 @@ class Scheduler:
         self.profiles = profiles
         self.handler = handler
         self.producers = producers or []
+        self.timer: PluginTimer | None = None  # set by the runner to export plugin durations
 
     def schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
         """Pick targets among `candidates`. Raises `EppError` when nothing can serve it."""
@@ -75,7 +97,7 @@ class Scheduler:
             if not chosen:
                 break
             for name, profile in chosen.items():
-                result = run_profile(profile, cycle, request, candidates)
+                result = run_profile(profile, cycle, request, candidates, self.timer)
                 results[name] = result if result.targets else None
                 if not result.targets:
                     cycle.data.setdefault("failed_profiles", {})[name] = result.filtered_by

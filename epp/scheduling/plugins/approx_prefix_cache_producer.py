@@ -12,6 +12,7 @@ benefits before any response arrives. Endpoints that leave the datastore leave t
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -107,6 +108,8 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         self.index = PrefixIndex()
         self._pending: OrderedDict[str, PrefixMatch] = OrderedDict()
         self._stats = PrefixCacheStats()
+        # Set by the runner: (hit ratio, hit bytes) of each pick, for the reference's histograms.
+        self.observer: Callable[[float, int], None] | None = None
 
     @classmethod
     def from_config(cls, name: str, params: Params, ctx: PluginContext) -> ApproxPrefixCacheProducer:
@@ -202,6 +205,8 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         stats.hit_chars += hit * chars
         stats.total_chars += match.total * chars
         stats.last_hit_ratio = hit / match.total
+        if self.observer is not None:
+            self.observer(stats.last_hit_ratio, hit * chars)
 
     def stats(self) -> PrefixCacheStats:
         s = self._stats
