@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
     "replicas-2": {"inferenceExtension": {"replicas": 2}},
     "monitoring": {"inferenceExtension": {"monitoring": {"interval": "30s", "prometheus": {
-        "enabled": True, "extraLabels": {"release": "kube-prometheus"}}}}},
+        "enabled": True, "extraLabels": {"release": "kube-prometheus"}}, "grafanaDashboard": {"enabled": True}}}},
     "istio": {"provider": {"name": "istio", "istio": {"destinationRule": {
         "trafficPolicy": {"connectionPool": {"http": {"http2MaxRequests": 1000}}}}}}},
     "gke": {"provider": {"name": "gke"}, "inferenceExtension": {"monitoring": {"prometheus": {"enabled": True}}}},
@@ -127,7 +128,7 @@ def test_plugin_config_is_mounted_and_loads(rendered: tuple[str, list[dict[str, 
     name, docs = rendered
     deployment = one(docs, "Deployment")
     options = serve_options(deployment)
-    configmap = one(docs, "ConfigMap")
+    [configmap] = [c for c in by_kind(docs, "ConfigMap") if not c["metadata"]["name"].endswith("-dashboard")]
     mounts = {m["name"]: m["mountPath"] for m in container(deployment, "epp")["volumeMounts"]}
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     [config_volume] = [n for n, v in volumes.items()
@@ -200,12 +201,16 @@ def test_monitoring_objects(rendered: tuple[str, list[dict[str, Any]]]) -> None:
         [endpoint] = monitor["spec"]["endpoints"]
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
         assert (endpoint["path"], endpoint["interval"]) == ("/metrics", "30s")
+        dashboard = next(c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard"))
+        assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(dashboard["data"]["epp.json"]) == json.loads((CHART / "dashboards" / "epp.json").read_text())
     elif name == "gke":
         monitor = one(docs, "PodMonitoring")
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
         assert not by_kind(docs, "ServiceMonitor")
     else:
         assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PodMonitoring")
+        assert not [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
 
 
 def test_provider_objects(rendered: tuple[str, list[dict[str, Any]]]) -> None:
