@@ -119,3 +119,57 @@ async def test_batch_is_shed_with_429_while_saturated_and_leavers_leave_nothing(
                 "every in-flight count back to zero")
     assert len(admission.controller) == 0 and admission.controller.queued_bytes == 0
     assert all(band.flows == {} for band in admission.controller.bands())
+
+
+LIMITS = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+plugins:
+- type: active-request-scorer
+- {type: concurrency-detector, parameters: {maxConcurrency: 1}}
+- type: metrics-data-source
+- type: core-metrics-extractor
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: active-request-scorer}]
+saturationDetector: {pluginRef: concurrency-detector}
+flowControl:
+  vllmPriority: {enabled: true, bandStride: 1000}
+  priorityBands:
+  - {priority: 0, maxRequests: 2}
+  - {priority: 5}
+  - {priority: 7, defaultRequestTTL: 300ms}
+"""
+
+
+async def test_limits_ttl_and_vllm_priority_through_envoy() -> None:
+    sim = SimConfig(time_scale=0.05, engine=EngineConfig(max_num_seqs=1, num_gpu_blocks=4096,
+                                                         scheduling_policy="priority"))
+    async with LocalStack(StackConfig(pods=1, sim=sim, epp_config_text=LIMITS)) as stack:
+        assert stack.picker is not None
+        stack.picker.datastore.set_objective("chat", 5)
+        stack.picker.datastore.set_objective("urgent", 7)
+        async with aiohttp.ClientSession() as session:
+            running = asyncio.create_task(post(session, stack.url, "a", max_tokens=5000, objective="chat"))
+            await until(lambda: stack.picker.datastore.endpoints()[0].inflight_requests == 1, "the pod to be busy")
+            # The forwarded body carries vLLM's priority: band 5 (x stride 1000), the user's first request.
+            engine = stack.pods[0].engine
+            await until(lambda: bool(engine.running), "the request to reach the engine")
+            assert [r.priority for r in engine.running] == [-5000]
+            # Band 0 holds at most two queued requests; the third is turned away with 429.
+            held = [asyncio.create_task(post(session, stack.url, "a", max_tokens=5)) for _ in range(2)]
+            await until(lambda: queued(stack) == 2, "two requests queued")
+            status, body = await post(session, stack.url, "b", max_tokens=5)
+            assert status == 429, body
+            # Band 7 has a 300 ms TTL: with the pod busy for much longer, the request ends with 503.
+            headers = {"content-type": "application/json", "x-gateway-inference-objective": "urgent"}
+            async with session.post(f"{stack.url}/v1/completions", headers=headers, data=orjson.dumps(
+                    {"model": sim.model, "prompt": "chat", "max_tokens": 5})) as r:
+                assert r.status == 503
+                assert (await r.text()).startswith("inference error: ServiceUnavailable - request timed out in queue")
+            for task in [running, *held]:
+                task.cancel()
+            await asyncio.gather(running, *held, return_exceptions=True)
+        await until(lambda: queued(stack) == 0 and stack.picker.datastore.endpoints()[0].inflight_requests == 0,
+                    "nothing left behind")
