@@ -27,7 +27,7 @@ $(HELM): $(BIN)/python charts/get_helm.py
 helm: $(HELM)
 
 demo: install
-	$(BIN)/epp demo
+	$(BIN)/epp demo --compare --duration 12
 
 test: install $(HELM)
 	$(BIN)/python -m pytest -q -ra

@@ -52,7 +52,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from epp.local.demo import run_demo
 
-    return run_demo(duration=args.duration, pods=args.pods)
+    return run_demo(duration=args.duration, pods=args.pods, compare=args.compare)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -63,6 +63,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from epp.sim.cli import run
+
+    return run(args)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from epp.sim.cluster.cli import run
 
     return run(args)
 
@@ -91,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="Envoy + EPP + simulated vLLM pods on localhost, with traffic and a summary")
     demo.add_argument("--duration", type=float, default=20.0, help="seconds of traffic")
     demo.add_argument("--pods", type=int, default=3, help="simulated model-server pods")
+    demo.add_argument("--compare", action="store_true",
+                      help="then send the same traffic through Envoy round-robin, and compare")
     demo.set_defaults(func=cmd_demo)
 
     sim = sub.add_parser("sim", help="run simulated vLLM pods over HTTP")
@@ -101,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:
         pass
     sim.set_defaults(func=cmd_sim)
+
+    simulate = sub.add_parser("simulate", help="try a picker config on a workload: N simulated pods in virtual time")
+    from epp.sim.cluster.cli import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(func=cmd_simulate)
     return parser
 
 

@@ -42,8 +42,8 @@ class Traffic:
 
     def system_prompt(self, group: int) -> str:
         while len(self.groups) <= group:
-            words = " ".join(self.rng.choice(WORDS) for _ in range(400))
-            self.groups.append(f"You are assistant #{len(self.groups)} of the ACME help desk. Rules: {words}")
+            words = " ".join(self.rng.choice(WORDS) for _ in range(1500))  # ~2,500 tokens: a manual
+            self.groups.append(f"You are assistant #{len(self.groups)} of the ACME help desk. Manual: {words}")
         return self.groups[group]
 
     def next_request(self, user: int) -> tuple[str, str, dict[str, object]]:
@@ -53,7 +53,7 @@ class Traffic:
             history.append({"role": "user", "content": " ".join(self.rng.choice(WORDS) for _ in range(20))})
             if len(history) > 12:
                 del history[1:3]
-            body = {"messages": list(history), "max_tokens": self.rng.randint(16, 96)}
+            body = {"messages": list(history), "max_tokens": self.rng.randint(16, 96), "stream": True}
             history.append({"role": "assistant", "content": " ".join(self.rng.choice(WORDS) for _ in range(15))})
             return "chat", "/v1/chat/completions", body
         if roll < 0.92:  # an independent prompt of varied length
@@ -154,30 +154,55 @@ def summary(stack: LocalStack, outcomes: list[Outcome], per_pod: list[PodStats],
     return "\n".join(lines)
 
 
-async def demo(duration: float, pods: int, users: int = 24, seed: int = 7) -> str:
-    sim = SimConfig(time_scale=0.25, seed=seed,
-                    engine=EngineConfig(max_num_seqs=16, num_gpu_blocks=1500, max_model_len=8192))
-    print(f"starting {pods} simulated vLLM pods, the EPP and Envoy ...", file=sys.stderr)
-    async with LocalStack(StackConfig(pods=pods, sim=sim)) as stack:
+async def run_traffic(stack_config: StackConfig, duration: float, users: int, seed: int,
+                      label: str) -> tuple[LocalStack, list[Outcome], list[PodStats], float]:
+    print(f"starting {stack_config.pods} simulated vLLM pods{' and the EPP' if stack_config.with_epp else ''} "
+          f"behind Envoy ({label}) ...", file=sys.stderr)
+    async with LocalStack(stack_config) as stack:
         async with aiohttp.ClientSession() as session:
             before = [await pod_stats(session, p.url) for p in stack.pods]
             print(f"sending mixed traffic from {users} users for {duration:.0f} s through {stack.url} ...",
                   file=sys.stderr)
             start = time.monotonic()
-            outcomes = await drive(stack, sim.model, duration, users, seed)
+            outcomes = await drive(stack, stack_config.sim.model, duration, users, seed)
             elapsed = time.monotonic() - start
             after = [await pod_stats(session, p.url) for p in stack.pods]
-        per_pod = [a.minus(b) for a, b in zip(after, before)]
-        return summary(stack, outcomes, per_pod, elapsed)
+        return stack, outcomes, [a.minus(b) for a, b in zip(after, before)], elapsed
 
 
-def run_demo(duration: float = 20.0, pods: int = 3) -> int:
+def comparison(epp: tuple[list[Outcome], list[PodStats]], rr: tuple[list[Outcome], list[PodStats]]) -> str:
+    def row(name: str, outcomes: list[Outcome], pods: list[PodStats]) -> str:
+        chat = [o.ttft for o in outcomes if o.status == 200 and o.kind == "chat"]
+        hits, queries = sum(p.prefix_hits for p in pods), sum(p.prefix_queries for p in pods)
+        return (f"{name:<22}{(hits / queries if queries else 0):>18.1%}{pct(chat, 0.5) * 1000:>12.0f}ms"
+                f"{pct(chat, 0.9) * 1000:>12.0f}ms{pct(chat, 0.99) * 1000:>12.0f}ms{len(outcomes):>10}")
+    return "\n".join(["", "== the same traffic, EPP against Envoy round-robin ==",
+                      f"{'':<22}{'prefix-cache hit':>18}{'chat TTFT p50':>14}{'p90':>14}{'p99':>14}{'requests':>10}",
+                      row("Envoy + EPP", *epp), row("Envoy round-robin", *rr)])
+
+
+async def demo(duration: float, pods: int, users: int = 24, seed: int = 7, compare: bool = False) -> str:
+    # Small KV caches (12.8k tokens a pod, fewer than the six manuals need) so that where a
+    # conversation lands matters: spread at random, every pod keeps evicting every manual.
+    sim = SimConfig(time_scale=1.0, seed=seed,
+                    engine=EngineConfig(max_num_seqs=16, num_gpu_blocks=800, max_model_len=8192))
+    stack, outcomes, per_pod, elapsed = await run_traffic(StackConfig(pods=pods, sim=sim), duration, users, seed,
+                                                          "EPP")
+    text = summary(stack, outcomes, per_pod, elapsed)
+    if compare:
+        _, rr_outcomes, rr_pods, _ = await run_traffic(StackConfig(pods=pods, sim=sim, with_epp=False), duration,
+                                                       users, seed, "round-robin")
+        text += "\n" + comparison((outcomes, per_pod), (rr_outcomes, rr_pods))
+    return text
+
+
+def run_demo(duration: float = 20.0, pods: int = 3, compare: bool = False) -> int:
     try:
         import uvloop
 
-        text = uvloop.run(demo(duration, pods))
+        text = uvloop.run(demo(duration, pods, compare=compare))
     except ImportError:
-        text = asyncio.run(demo(duration, pods))
+        text = asyncio.run(demo(duration, pods, compare=compare))
     print(text)
     return 0
 

@@ -90,4 +90,10 @@ def test_parameterless_scorers_reject_parameters() -> None:
 def test_active_request_scorer_prefers_fewer_inflight() -> None:
     eps = [endpoint("10.0.0.1", inflight=4), endpoint("10.0.0.2", inflight=0), endpoint("10.0.0.3", inflight=2)]
     assert ActiveRequestScorer().score(cycle(), request(), eps) == [0.0, 1.0, 0.5]
-    assert ActiveRequestScorer().score(cycle(), request(), [endpoint("10.0.0.1", inflight=3)] * 2) == [1.0, 1.0]
+    busy = ActiveRequestScorer().score(cycle(), request(), [endpoint("10.0.0.1", inflight=3)] * 2)
+    assert busy[0] == busy[1]
+    assert ActiveRequestScorer().score(cycle(), request(), [endpoint("10.0.0.1", inflight=0)] * 2) == [1.0, 1.0]
+    # Proportional, not min-max: one request apart among busy pods is a small difference.
+    close = ActiveRequestScorer().score(cycle(), request(), [endpoint("10.0.0.1", inflight=5),
+                                                             endpoint("10.0.0.2", inflight=6)])
+    assert close[0] - close[1] < 0.2
