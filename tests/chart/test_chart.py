@@ -42,7 +42,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
     "replicas-2": {"inferenceExtension": {"replicas": 2}},
     "monitoring": {"inferenceExtension": {"monitoring": {"interval": "30s", "prometheus": {
-        "enabled": True, "extraLabels": {"release": "kube-prometheus"}}, "grafanaDashboard": {"enabled": True}}}},
+        "enabled": True, "extraLabels": {"release": "kube-prometheus"},
+        "auth": {"enabled": True, "secretName": "epp-metrics-token"}}, "grafanaDashboard": {"enabled": True}}}},
     "istio": {"provider": {"name": "istio", "istio": {"destinationRule": {
         "trafficPolicy": {"connectionPool": {"http": {"http2MaxRequests": 1000}}}}}}},
     "gke": {"provider": {"name": "gke"}, "inferenceExtension": {"monitoring": {"prometheus": {"enabled": True}}}},
@@ -201,6 +202,11 @@ def test_monitoring_objects(rendered: tuple[str, list[dict[str, Any]]]) -> None:
         [endpoint] = monitor["spec"]["endpoints"]
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
         assert (endpoint["path"], endpoint["interval"]) == ("/metrics", "30s")
+        assert endpoint["bearerTokenSecret"] == {"name": "epp-metrics-token", "key": "token"}
+        deployment = one(docs, "Deployment")
+        options = serve_options(deployment)
+        mounts = {m["mountPath"]: m["name"] for m in container(deployment, "epp")["volumeMounts"]}
+        assert mounts[str(Path(options.metrics_bearer_token_file).parent)] == "metrics-token"
         dashboard = next(c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard"))
         assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert json.loads(dashboard["data"]["epp.json"]) == json.loads((CHART / "dashboards" / "epp.json").read_text())
