@@ -1,0 +1,297 @@
+"""The virtual-time cluster: N simulated pods, a workload and a router, on one virtual clock.
+
+Why an asyncio loop with a virtual clock (see `vloop`) rather than a hand-written event queue:
+the EPP's request path is asyncio code — `Director.handle_request`, flow control's futures and
+its dispatch loop with its tick and TTL timers. On this loop that code runs unchanged, so what
+is measured is the production code, not a re-implementation of it. The loop's own timer heap is
+the simulator's event queue: one timer per pod step, per scrape and per arrival.
+
+Per request: it arrives (a timer), a task runs the router (which may hold it in flow control),
+the engine request is added to the chosen pod, and when that pod's step finishes it the router
+hears about it (`finished`, with usage for the EPP) and a chat schedules its next turn. Every pod
+is scraped every `refresh_interval` at its own phase (one of `SCRAPE_SLOTS`); routers that read metrics only see
+those scrapes. The run ends when every request has ended, or at `horizon` (requests still open
+then are reported as unfinished).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import random
+from dataclasses import dataclass, field
+
+from epp.errors import EppError
+from epp.sim.cluster.pods import ClusterPod
+from epp.sim.cluster.routers import Router
+from epp.sim.cluster.traffic import Job, Traffic
+from epp.sim.cluster.vloop import VirtualTimeLoop, run_virtual
+from epp.sim.cluster.workload import Workload
+from epp.sim.config import SimConfig
+from epp.sim.factory import RequestFactory
+from epp.sim.request import FINISH_ABORT, Request
+
+log = logging.getLogger("epp.sim.cluster")
+
+SCRAPE_SLOTS = 10  # distinct scrape phases per refresh interval (5 ms apart at the default 50 ms)
+
+
+@dataclass(slots=True)
+class Sample:
+    """The cluster at one instant: engine queues, batches and the router's own queue."""
+
+    time: float
+    waiting: int
+    running: int
+    router_queued: int
+    kv_usage: float  # mean over pods
+    per_pod: list[int]  # waiting + running per pod
+    completed: int  # requests served so far
+    generated: int  # output tokens generated so far, all pods
+
+
+@dataclass(slots=True)
+class PodStats:
+    prefix_queries: int
+    prefix_hits: int
+    prompt_tokens: int
+    generation_tokens: int
+    preemptions: int
+    busy_time: float
+    served: int
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything a report needs from one run."""
+
+    policy: str
+    workload: Workload
+    pods: int
+    seed: int
+    jobs: list[Job]
+    samples: list[Sample]
+    pod_stats: list[PodStats]
+    end_time: float
+    unfinished: int
+    flow_control: bool = False
+    sample_interval: float = 1.0
+    # Per-token inter-token latency: step duration (rounded to 0.1 ms) -> decode tokens, all pods.
+    itl_hist: dict[float, int] = field(default_factory=dict)
+
+
+class Cluster:
+    """Runs one workload against one router; `run()` returns a `RunResult`."""
+
+    def __init__(self, workload: Workload, router: Router, *, pods: int, seed: int | None = None,
+                 refresh_interval: float = 0.05, sample_interval: float = 1.0,
+                 horizon: float | None = None, sim_config: SimConfig | None = None,
+                 scrape_phase: bool = True, pause_gc: bool = True) -> None:
+        if pods < 1:
+            raise ValueError("pods must be >= 1")
+        if refresh_interval <= 0:
+            raise ValueError("refresh_interval must be > 0")
+        self.workload = workload
+        self.router = router
+        self.num_pods = pods
+        self.seed = workload.seed if seed is None else seed
+        self.refresh_interval = refresh_interval
+        self.sample_interval = sample_interval
+        self.sim_config = sim_config or workload.sim_config()
+        self.horizon = horizon if horizon is not None else workload.duration * 10 + 600.0
+        self.scrape_phase = scrape_phase
+        self.pause_gc = pause_gc
+        self.loop = VirtualTimeLoop()
+        self.pods: list[ClusterPod] = []
+        self.jobs: list[Job] = []
+        self.samples: list[Sample] = []
+        self._open = 0
+        self.completed = 0
+        self._done: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- running --
+
+    def run(self) -> RunResult:
+        # The cyclic GC would repeatedly walk the millions of live objects of a big run (block
+        # hash lists, index entries) for nothing: requests are freed by reference counting.
+        paused = self.pause_gc and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            return run_virtual(self._main(), self.loop)
+        finally:
+            if paused:
+                gc.enable()
+
+    async def _main(self) -> RunResult:
+        loop = self.loop
+        cfg = self.sim_config
+        step_time = cfg.engine.step_time_model()
+        self.pods = [ClusterPod(i, cfg.engine, loop, self._finished, step_time) for i in range(self.num_pods)]
+        self.factory = RequestFactory(cfg, seed=self.seed)
+        self.traffic = Traffic(self.workload, pods=self.num_pods, seed=self.seed,
+                               max_model_len=cfg.engine.max_model_len)
+        self._done = loop.create_future()
+        self.router.attach(self)
+        await self.router.start()
+        if self.router.wants_metrics:
+            # Every pod is scraped at its own phase of the interval, as independent scrape loops
+            # are; phases are drawn from a few slots so one timer serves several pods.
+            rng = random.Random(f"{self.seed}:scrape")
+            slots: dict[int, list[ClusterPod]] = {}
+            nslots = min(len(self.pods), SCRAPE_SLOTS) if self.scrape_phase else 1
+            for pod in self.pods:
+                self.router.observe(pod.index, pod.scrape(0.0))  # the first scrape, at start
+                slots.setdefault(rng.randrange(nslots), []).append(pod)
+            for slot, pods in sorted(slots.items()):
+                phase = self.refresh_interval * slot / nslots
+                loop.call_at(phase, self._scrape, pods, phase)
+        loop.call_at(0.0, self._sample)
+        self._schedule_next_arrival()
+        self._check_done()
+        try:
+            await asyncio.wait_for(self._done, timeout=self.horizon)
+        except TimeoutError:
+            pass
+        end = loop.time()
+        unfinished = sum(1 for j in self.jobs if j.finish < 0 and not j.error)
+        for task in list(self._tasks):
+            task.cancel()
+        await self.router.stop()
+        for j in self.jobs:
+            if j.finish < 0 and not j.error:
+                j.error = "unfinished"
+        return self._result(end, unfinished)
+
+    def _result(self, end: float, unfinished: int) -> RunResult:
+        stats = []
+        for pod in self.pods:
+            e = pod.engine
+            stats.append(PodStats(prefix_queries=e.kv.queries, prefix_hits=e.kv.hits, prompt_tokens=e.prompt_tokens,
+                                  generation_tokens=e.generation_tokens, preemptions=e.num_preemptions,
+                                  busy_time=pod.busy_time, served=sum(e.finished_by_reason.values())))
+        itl_hist: dict[float, int] = {}
+        for pod in self.pods:
+            for k, v in pod.itl_hist.items():
+                key = k / 10000.0
+                itl_hist[key] = itl_hist.get(key, 0) + v
+        flow = bool(getattr(self.router, "flow_control", False))
+        return RunResult(policy=self.router.name, workload=self.workload, pods=self.num_pods, seed=self.seed,
+                         jobs=self.jobs, samples=self.samples, pod_stats=stats, end_time=end, unfinished=unfinished,
+                         flow_control=flow, sample_interval=self.sample_interval, itl_hist=itl_hist)
+
+    # -- arrivals --
+
+    def _schedule_next_arrival(self) -> None:
+        t = self.traffic.peek_time()
+        if t is not None:
+            self.loop.call_at(t, self._arrive_open)
+
+    def _arrive_open(self) -> None:
+        job = self.traffic.next_arrival()
+        self._schedule_next_arrival()
+        if job is not None:
+            self._arrive(job)
+
+    def _arrive(self, job: Job, owed: bool = False) -> None:
+        """A request arrives; `owed`: a chat turn already counted as open when it was planned."""
+        self.jobs.append(job)
+        if not owed:
+            self._open += 1
+        job.request = self.factory.from_text(job.prompt, max_tokens=job.output_tokens, ignore_eos=True,
+                                             lora=job.lora, arrival_time=job.arrival, request_id=str(job.id))
+        job.request.user_data = job
+        task = self.loop.create_task(self._route(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _route(self, job: Job) -> None:
+        try:
+            pod = await self.router.route(job)
+        except EppError as exc:
+            self._end(job, exc.reason or exc.code.value)
+            return
+        except Exception:  # a bug in a router: end the request visibly instead of leaving it open
+            log.exception("routing request %s failed", job.id)
+            self._end(job, "internal")
+            return
+        req = job.request
+        assert req is not None
+        now = self.loop.time()
+        job.dispatch = now
+        job.pod = pod
+        job.prompt = ""  # the engine request has its blocks; the text is no longer needed
+        req.arrival_time = now  # the engine's own clock starts when it receives the request
+        try:
+            self.pods[pod].add(req)
+        except ValueError:
+            self._end(job, "bad_request", routed=True)
+
+    # -- completions --
+
+    def _finished(self, req: Request) -> None:
+        job = req.user_data
+        assert isinstance(job, Job)
+        if req.finish_reason == FINISH_ABORT:
+            self._end(job, "aborted", routed=True)
+            return
+        job.first_token = req.first_token_time
+        job.finish = req.finish_time
+        job.generated = req.num_output_tokens
+        job.cached_tokens = max(0, req.num_cached_tokens)
+        self.completed += 1
+        self._end(job, "", routed=True)
+
+    def _end(self, job: Job, error: str, *, routed: bool = False) -> None:
+        if error:
+            job.error = error
+        if routed:
+            self.router.finished(job)
+        nxt = self.traffic.follow_up(job, self.loop.time())
+        if nxt is not None:
+            self._open += 1  # the next turn is owed from now on, so the run does not end before it
+            self.loop.call_at(nxt.arrival, self._arrive, nxt, True)
+        job.request = None
+        job.session = None
+        self._open -= 1
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self._open == 0 and self.traffic.exhausted and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    # -- observation --
+
+    def _scrape(self, pods: list[ClusterPod], when: float) -> None:
+        now = self.loop.time()
+        observe = self.router.observe
+        for pod in pods:
+            observe(pod.index, pod.scrape(now))
+        nxt = when + self.refresh_interval
+        self.loop.call_at(nxt, self._scrape, pods, nxt)
+
+    def _sample(self) -> None:
+        now = self.loop.time()
+        per_pod = []
+        waiting = running = generated = 0
+        kv = 0.0
+        for pod in self.pods:
+            e = pod.engine
+            w, r = len(e.waiting), len(e.running)
+            waiting += w
+            running += r
+            generated += e.generation_tokens
+            kv += e.kv.usage
+            per_pod.append(w + r)
+        self.samples.append(Sample(now, waiting, running, self.router.queued(), kv / len(self.pods), per_pod,
+                                   self.completed, generated))
+        self.loop.call_at(now + self.sample_interval, self._sample)
+
+
+def run_cluster(workload: Workload, router: Router, *, pods: int, seed: int | None = None,
+                **kwargs: object) -> RunResult:
+    """Convenience: build a `Cluster` and run it."""
+    return Cluster(workload, router, pods=pods, seed=seed, **kwargs).run()  # type: ignore[arg-type]
+

@@ -1,0 +1,143 @@
+"""The EPP under test: its real config loader, scheduler, admission (legacy or flow control)
+and `Director`, driven in-process on the cluster's virtual clock.
+
+Each request takes the production path from the ext_proc stream on: an OpenAI completions body
+and the gateway's headers go through `parse_request`, then `Director.handle_request` (objective
+→ priority, admission — which may queue it in flow control — scheduling, pick-time accounting,
+pre-request plugins such as the prefix index); when the engine finishes it, `Director.release`
+gets the response's usage (flow control's token fairness reads it). Scraped metrics are written
+into the datastore's endpoints exactly as the data layer would, unless the config turns metric
+collection off (`dataLayer: {sources: []}`).
+
+Pickers are reseeded from the run seed, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import orjson
+
+from epp.api.request import parse_request
+from epp.api.response import Usage
+from epp.config.loader import LoadedConfig, load_config
+from epp.datastore import Datastore, Endpoint, EndpointMetrics, EndpointSpec
+from epp.extproc.stream import DEFAULT_FAIRNESS_ID, FAIRNESS_ID, OBJECTIVE
+from epp.flowcontrol.factory import build_admission
+from epp.flowcontrol.flow_admission import FlowControlAdmission
+from epp.flowcontrol.item import SLO_TTFT_HEADER
+from epp.requestcontrol.director import Director, RequestRecord
+from epp.scheduling.plugins._picker import CountedPicker
+from epp.sim.cluster.routers import Router
+from epp.sim.cluster.traffic import Job
+
+if TYPE_CHECKING:
+    from epp.sim.cluster.cluster import Cluster
+
+COMPLETIONS = "/v1/completions"
+
+
+def pod_address(index: int) -> tuple[str, int]:
+    """A stable fake pod IP (10.x.y.z) and the vLLM port."""
+    n = index + 1
+    return f"10.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}", 8000
+
+
+class EppRouter(Router):
+    """Routes through the EPP; `config_text` is an EndpointPickerConfig (None: the default)."""
+
+    wants_metrics = True
+
+    def __init__(self, config_text: str | None = None, *, name: str = "epp", seed: int = 0,
+                 refresh_interval: float = 0.05) -> None:
+        self.name = name
+        self.config_text = config_text
+        self.seed = seed
+        self.refresh_interval = refresh_interval
+        self.endpoints: list[Endpoint] = []
+        self._index: dict[str, int] = {}
+        self.classes: list[dict[str, str]] = []
+
+    def attach(self, cluster: Cluster) -> None:
+        super().attach(cluster)
+        self.datastore = Datastore(clock=cluster.loop.time)
+        for i in range(len(cluster.pods)):
+            ip, port = pod_address(i)
+            ep = self.datastore.upsert(EndpointSpec(name=f"pod-{i}", ip=ip, port=port))
+            self.endpoints.append(ep)
+            self._index[ep.address] = i
+        self.datastore.synced = True
+        self.config: LoadedConfig = load_config(self.config_text, self.datastore)
+        for name, plugin in self.config.plugins.items():
+            if isinstance(plugin, CountedPicker):
+                plugin.rng = random.Random(f"{self.seed}:picker:{name}")
+        workload = cluster.workload
+        for objective, priority in workload.all_objectives().items():
+            self.datastore.set_objective(objective, priority)
+        self.wants_metrics = self.config.data_layer is not None
+        self.admission = build_admission(self.config.flow_control_config, self.config.saturation_detector,
+                                         self.datastore, tick=self.refresh_interval)
+        self.director = Director(
+            self.datastore, self.config.scheduler, self.admission,
+            pre_request=self.config.pre_request, response_received=self.config.response_received,
+            response_complete=self.config.response_complete, rng=random.Random(f"{self.seed}:director"),
+        )
+        # Per class: the headers its requests carry.
+        self.classes = []
+        for spec in workload.classes:
+            headers = {}
+            if spec.objective:
+                headers[OBJECTIVE] = spec.objective
+            if spec.slo_ttft is not None:
+                headers[SLO_TTFT_HEADER] = str(int(spec.slo_ttft * 1000))
+            self.classes.append(headers)
+        self._model = workload.model
+
+    async def start(self) -> None:
+        await self.admission.start()
+
+    async def stop(self) -> None:
+        await self.admission.stop()
+
+    @property
+    def flow_control(self) -> bool:
+        return isinstance(self.admission, FlowControlAdmission)
+
+    def queued(self) -> int:
+        admission = self.admission
+        return len(admission.controller) if isinstance(admission, FlowControlAdmission) else 0
+
+    def observe(self, pod: int, metrics: EndpointMetrics) -> None:
+        self.endpoints[pod].metrics = metrics
+
+    async def route(self, job: Job) -> int:
+        body = {"model": job.lora or self._model, "prompt": job.prompt, "max_tokens": job.max_tokens,
+                "stream": True}
+        headers = dict(self.classes[job.cls])
+        if job.tenant:
+            headers[FAIRNESS_ID] = job.tenant
+        request = parse_request(orjson.dumps(body), path=COMPLETIONS, request_id=str(job.id), headers=headers)
+        request.objective = headers.get(OBJECTIVE, "")
+        request.fairness_id = headers.get(FAIRNESS_ID) or DEFAULT_FAIRNESS_ID
+        decision, record = await self.director.handle_request(request)
+        job.handle = record
+        if decision.body is not None and job.request is not None:
+            sent = orjson.loads(decision.body)
+            priority = sent.get("priority")
+            if isinstance(priority, int):  # flow control's order, carried into vLLM
+                job.request.priority = priority
+        return self._index[decision.targets[0].address]
+
+    def finished(self, job: Job) -> None:
+        record = job.handle
+        if not isinstance(record, RequestRecord):
+            return
+        job.handle = None
+        usage = None
+        if job.ok:
+            usage = Usage(prompt_tokens=job.prompt_tokens, completion_tokens=job.generated,
+                          total_tokens=job.prompt_tokens + job.generated, cached_tokens=job.cached_tokens)
+        else:
+            record.error_code = job.error
+        self.director.release(record, usage)

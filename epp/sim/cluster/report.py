@@ -1,0 +1,270 @@
+"""From a run's raw requests to the numbers people compare: latency percentiles per class and
+tenant, throughput, prefix-cache hit rate, queues over time, errors by reason.
+
+Percentiles are nearest-rank over the requests that arrived after the warm-up. TTFT and
+end-to-end latency run from the client's arrival (so time queued in flow control counts); ITL
+per request is its mean time between output tokens; the per-token ITL percentiles come from
+every decode step of every pod. The prefix-cache hit rate is the engines' own counters (hit
+tokens / queried tokens), as vLLM's `prefix_cache_hits` / `prefix_cache_queries` would show.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from epp.sim.cluster.cluster import RunResult
+from epp.sim.cluster.traffic import Job
+
+Triple = tuple[float, float, float]
+NAN3: Triple = (math.nan, math.nan, math.nan)
+
+
+def pct(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending sequence (nan when empty)."""
+    if not sorted_values:
+        return math.nan
+    i = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[i]
+
+
+def triple(values: Iterable[float]) -> Triple:
+    s = sorted(values)
+    return (pct(s, 0.5), pct(s, 0.9), pct(s, 0.99))
+
+
+def quantiles(values: Iterable[float], steps: int = 100) -> list[float]:
+    """Values at q = 0, 1/steps, ..., 1 (empty for no values)."""
+    s = sorted(values)
+    if not s:
+        return []
+    return [s[min(len(s) - 1, round(i * (len(s) - 1) / steps))] for i in range(steps + 1)]
+
+
+def weighted_triple(hist: dict[float, int]) -> Triple:
+    """p50/p90/p99 of a value -> count histogram."""
+    total = sum(hist.values())
+    if not total:
+        return NAN3
+    out = []
+    items = sorted(hist.items())
+    for q in (0.5, 0.9, 0.99):
+        rank = max(1, math.ceil(q * total))
+        acc = 0
+        for value, n in items:
+            acc += n
+            if acc >= rank:
+                out.append(value)
+                break
+    return (out[0], out[1], out[2])
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """One class or tenant (or everything)."""
+
+    name: str
+    requests: int = 0
+    ok: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    ttft: Triple = NAN3  # seconds
+    itl: Triple = NAN3  # per-request mean ITL, seconds
+    e2e: Triple = NAN3
+    queue: Triple = NAN3  # arrival to dispatch (the router's queue), seconds
+    output_tokens: int = 0
+    slo_ttft: float | None = None
+    slo_attained: float | None = None  # share of the group's requests served within the TTFT SLO
+
+
+@dataclass(slots=True)
+class Report:
+    policy: str
+    workload: str
+    pods: int
+    seed: int
+    flow_control: bool
+    requests: int
+    ok: int
+    errors: dict[str, int]
+    window: float  # seconds the throughput is measured over (see `throughput`)
+    throughput_rps: float
+    output_tps: float
+    prefix_hit_rate: float
+    preemptions: int
+    overall: GroupStats
+    token_itl: Triple
+    by_class: list[GroupStats]
+    by_tenant: list[GroupStats]
+    queue_series: dict[str, list[float]]  # time, waiting, running, router_queued, kv_usage
+    pod_load: list[list[int]]  # per sample: waiting + running per pod
+    pod_share: list[float]  # share of served requests per pod
+    end_time: float
+    unfinished: int
+    ttft_quantiles: list[float] = field(default_factory=list)  # TTFT at q = 0, 0.01, ..., 1 (CDF plots)
+    wall_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return _clean(data)
+
+
+def _clean(value: Any) -> Any:
+    """NaN -> None, so the JSON is standard."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def group(name: str, jobs: Sequence[Job], slo: float | None = None) -> GroupStats:
+    ok = [j for j in jobs if j.ok]
+    errors = Counter(j.error for j in jobs if j.error)
+    g = GroupStats(
+        name=name, requests=len(jobs), ok=len(ok), errors=dict(sorted(errors.items())),
+        ttft=triple(j.first_token - j.arrival for j in ok),
+        itl=triple((j.finish - j.first_token) / (j.generated - 1) for j in ok if j.generated > 1),
+        e2e=triple(j.finish - j.arrival for j in ok),
+        queue=triple(j.dispatch - j.arrival for j in jobs if j.dispatch >= 0),
+        output_tokens=sum(j.generated for j in ok), slo_ttft=slo,
+    )
+    if slo is not None and jobs:
+        g.slo_attained = sum(1 for j in ok if j.first_token - j.arrival <= slo) / len(jobs)
+    return g
+
+
+def throughput(run: RunResult, jobs: Sequence[Job]) -> tuple[float, float, float]:
+    """(window, requests/s, output tokens/s) while requests were arriving.
+
+    Measured between the end of the warm-up and the last arrival, from the cumulative counters
+    sampled during the run, so a backlog drained after the arrivals stop does not dilute it: an
+    overloaded pool shows its capacity, a pool that keeps up shows the offered load. Runs too short
+    for two samples fall back to everything served over first arrival to last finish.
+    """
+    samples = run.samples
+    start = max(run.workload.warmup, min((j.arrival for j in jobs), default=0.0))
+    stop = min(run.workload.duration, max((j.arrival for j in jobs), default=start))
+    inside = [x for x in samples if start <= x.time <= stop]
+    if len(inside) >= 3:
+        a, b = inside[0], inside[-1]
+        span = b.time - a.time
+        return span, (b.completed - a.completed) / span, (b.generated - a.generated) / span
+    ok = [j for j in jobs if j.ok]
+    end = max((j.finish for j in ok), default=start)
+    span = max(1e-9, end - start)
+    return span, len(ok) / span, sum(j.generated for j in ok) / span
+
+
+def build_report(run: RunResult, wall_seconds: float = 0.0, max_tenants: int = 0) -> Report:
+    """Reduce a run. `max_tenants` > 0 keeps only the busiest tenants in `by_tenant`."""
+    w = run.workload
+    jobs = [j for j in run.jobs if j.arrival >= w.warmup]
+    ok = [j for j in jobs if j.ok]
+    window, rps, tps = throughput(run, jobs)
+    by_class: dict[int, list[Job]] = defaultdict(list)
+    by_tenant: dict[str, list[Job]] = defaultdict(list)
+    for j in jobs:
+        by_class[j.cls].append(j)
+        by_tenant[j.tenant or "default-flow"].append(j)
+    classes = [group(spec.name, by_class.get(i, []), spec.slo_ttft) for i, spec in enumerate(w.classes)]
+    tenants = sorted(by_tenant.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    if max_tenants > 0:
+        tenants = tenants[:max_tenants]
+    served = [p.served for p in run.pod_stats]
+    total_served = sum(served) or 1
+    queries = sum(p.prefix_queries for p in run.pod_stats)
+    hits = sum(p.prefix_hits for p in run.pod_stats)
+    errors = Counter(j.error for j in jobs if j.error)
+    s = run.samples
+    return Report(
+        policy=run.policy, workload=w.name, pods=run.pods, seed=run.seed, flow_control=run.flow_control,
+        requests=len(jobs), ok=len(ok), errors=dict(sorted(errors.items())), window=window,
+        throughput_rps=rps, output_tps=tps,
+        prefix_hit_rate=hits / queries if queries else math.nan,
+        preemptions=sum(p.preemptions for p in run.pod_stats),
+        overall=group("all", jobs), token_itl=weighted_triple(run.itl_hist),
+        by_class=classes, by_tenant=[group(name, js) for name, js in tenants],
+        queue_series={"time": [x.time for x in s], "waiting": [x.waiting for x in s],
+                      "running": [x.running for x in s], "router_queued": [x.router_queued for x in s],
+                      "kv_usage": [round(x.kv_usage, 4) for x in s]},
+        pod_load=[x.per_pod for x in s], pod_share=[n / total_served for n in served],
+        end_time=run.end_time, unfinished=run.unfinished, wall_seconds=wall_seconds,
+        ttft_quantiles=quantiles([j.first_token - j.arrival for j in ok]),
+    )
+
+
+# -- text --
+
+
+def _ms(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v * 1000:.0f}"
+
+
+def _s(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.2f}"
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in errors.items()) or "–"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for r in rows:
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(out)
+
+
+SUMMARY_HEADERS = ["policy", "ok/req", "TTFT p50", "p90", "p99 ms", "ITL p50", "p99 ms", "E2E p50", "p99 s",
+                   "req/s", "out tok/s", "hit rate", "waiting max", "EPP queue max", "errors"]
+
+
+def summary_row(r: Report) -> list[str]:
+    o = r.overall
+    q = r.queue_series
+    return [r.policy, f"{r.ok}/{r.requests}", _ms(o.ttft[0]), _ms(o.ttft[1]), _ms(o.ttft[2]),
+            _ms(r.token_itl[0]), _ms(r.token_itl[2]), _s(o.e2e[0]), _s(o.e2e[2]),
+            f"{r.throughput_rps:.1f}", f"{r.output_tps:.0f}",
+            "–" if math.isnan(r.prefix_hit_rate) else f"{r.prefix_hit_rate:.1%}",
+            str(max(q["waiting"], default=0)), str(max(q["router_queued"], default=0)), _errors(r.errors)]
+
+
+# Per group, ITL is each request's mean time per output token (TPOT); the summary's is per token.
+GROUP_HEADERS = ["", "ok/req", "TTFT p50", "p90", "p99 ms", "TPOT p50", "p99 ms", "E2E p50", "p99 s",
+                 "queued p99 s", "SLO met", "errors"]
+
+
+def group_row(g: GroupStats) -> list[str]:
+    slo = "–" if g.slo_attained is None else f"{g.slo_attained:.1%} (≤{g.slo_ttft * 1000:.0f} ms)"  # type: ignore[operator]
+    return [g.name, f"{g.ok}/{g.requests}", _ms(g.ttft[0]), _ms(g.ttft[1]), _ms(g.ttft[2]), _ms(g.itl[0]),
+            _ms(g.itl[2]), _s(g.e2e[0]), _s(g.e2e[2]), _s(g.queue[2]), slo, _errors(g.errors)]
+
+
+def render_text(reports: list[Report], *, max_tenants: int = 10) -> str:
+    """The stdout report: one summary line per policy, then classes and tenants per policy."""
+    if not reports:
+        return ""
+    r0 = reports[0]
+    lines = [f"workload {r0.workload}: {r0.requests} requests on {r0.pods} pods, seed {r0.seed}, "
+             f"virtual time {r0.end_time:.1f} s", "", table(SUMMARY_HEADERS, [summary_row(r) for r in reports])]
+    for r in reports:
+        lines += ["", f"[{r.policy}] per class" + (" (flow control on)" if r.flow_control else ""),
+                  table(GROUP_HEADERS, [group_row(g) for g in r.by_class])]
+        if len(r.by_tenant) > 1:
+            tenants = r.by_tenant[:max_tenants]
+            more = len(r.by_tenant) - len(tenants)
+            lines += [f"[{r.policy}] per tenant" + (f" (busiest {len(tenants)}; {more} more in --json)" if more else ""),
+                      table(GROUP_HEADERS, [group_row(g) for g in tenants])]
+        if r.unfinished:
+            lines.append(f"[{r.policy}] {r.unfinished} requests unfinished at the horizon")
+    walls = [f"{r.policy} {r.wall_seconds:.1f} s" for r in reports if r.wall_seconds]
+    if walls:
+        lines += ["", "wall time: " + ", ".join(walls)]
+    return "\n".join(lines)

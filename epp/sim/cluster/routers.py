@@ -1,0 +1,192 @@
+"""Routing policies the cluster can run: the interface, and the reference policies the EPP is
+measured against.
+
+A router gets each request (`route`, which may wait: flow control queues), returns the index of
+the pod that serves it, and hears when it ends (`finished`). Routers that read metrics get every
+pod's scrapes through `observe`, on the same schedule and with the same staleness as the EPP.
+
+- `random`: uniform over the pods.
+- `round-robin`: pod 0, 1, 2, ... in turn.
+- `least-queue`: the shortest *scraped* waiting queue (ties: fewest scraped running, then
+  random) — what a metrics-only balancer without the EPP's in-flight accounting does.
+- `oracle`: sees the true engine state at the moment of the decision — each pod's real
+  prefix-cache hit for this prompt, its real queue, batch and free KV blocks — and sends the
+  request where its estimated time to first token is lowest. A greedy bound, not an optimum: it
+  knows the present perfectly and the future not at all.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+from epp.datastore import EndpointMetrics
+from epp.sim.cluster.traffic import Job
+
+if TYPE_CHECKING:
+    from epp.sim.cluster.cluster import Cluster
+
+REFERENCE_POLICIES = ("random", "round-robin", "least-queue", "oracle")
+
+
+class Router(ABC):
+    """A routing policy under test."""
+
+    name: str = ""
+    wants_metrics: bool = False
+    cluster: Cluster  # set by `attach`
+
+    def attach(self, cluster: Cluster) -> None:
+        """Called once, on the cluster's loop, before any request."""
+        self.cluster = cluster
+
+    async def start(self) -> None:
+        """Background work (the EPP's flow-control dispatch loop)."""
+
+    async def stop(self) -> None:
+        """End background work; requests still queued end with an error."""
+
+    @abstractmethod
+    async def route(self, job: Job) -> int:
+        """The pod that serves `job`; raise `EppError` to reject it."""
+
+    def finished(self, job: Job) -> None:
+        """`job` ended (served, or failed after routing)."""
+
+    def observe(self, pod: int, metrics: EndpointMetrics) -> None:
+        """A scrape of `pod` (only when `wants_metrics`)."""
+
+    def queued(self) -> int:
+        """Requests waiting in the router (flow-control queue), for the queue-length series."""
+        return 0
+
+
+class RandomRouter(Router):
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(f"{seed}:random")
+
+    async def route(self, job: Job) -> int:
+        return self.rng.randrange(len(self.cluster.pods))
+
+
+class RoundRobinRouter(Router):
+    name = "round-robin"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.next = 0
+
+    async def route(self, job: Job) -> int:
+        i = self.next
+        self.next = (i + 1) % len(self.cluster.pods)
+        return i
+
+
+class LeastQueueRouter(Router):
+    name = "least-queue"
+    wants_metrics = True
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(f"{seed}:least-queue")
+        self.metrics: list[EndpointMetrics] = []
+
+    def attach(self, cluster: Cluster) -> None:
+        super().attach(cluster)
+        self.metrics = [EndpointMetrics() for _ in cluster.pods]
+
+    def observe(self, pod: int, metrics: EndpointMetrics) -> None:
+        self.metrics[pod] = metrics
+
+    async def route(self, job: Job) -> int:
+        best: list[int] = []
+        best_key = (math.inf, math.inf)
+        for i, m in enumerate(self.metrics):
+            key = (m.waiting_queue_size, m.running_requests)
+            if key < best_key:
+                best_key, best = key, [i]
+            elif key == best_key:
+                best.append(i)
+        return best[0] if len(best) == 1 else self.rng.choice(best)
+
+
+class OracleRouter(Router):
+    """Least estimated time to first token, from the true engine state."""
+
+    name = "oracle"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(f"{seed}:oracle")
+        self._ahead: list[tuple[int, int, int]] = []  # per pod: (steps, waiting, tokens) memo
+
+    def attach(self, cluster: Cluster) -> None:
+        super().attach(cluster)
+        self._ahead = [(-1, -1, 0) for _ in cluster.pods]
+
+    def _tokens_ahead(self, i: int) -> int:
+        """Prefill tokens queued in front of a new request (waiting + unfinished prefills)."""
+        engine = self.cluster.pods[i].engine
+        memo = self._ahead[i]
+        if memo[0] == engine.num_steps and memo[1] == len(engine.waiting):
+            return memo[2]
+        total = 0
+        for r in engine.waiting:
+            total += r.prompt_len + r.num_output_tokens - r.num_computed_tokens
+        for r in engine.running:
+            if r.num_output_tokens == 0:
+                total += r.prompt_len - r.num_computed_tokens
+        self._ahead[i] = (engine.num_steps, len(engine.waiting), total)
+        return total
+
+    def estimate(self, i: int, job: Job) -> float:
+        """Seconds until `job`'s first token if it were sent to pod `i` now."""
+        pod = self.cluster.pods[i]
+        engine = pod.engine
+        cfg = engine.config
+        req = job.request
+        assert req is not None
+        hit = engine.kv.cached_prefix_blocks(req) * cfg.block_size
+        mine = req.prompt_len - hit
+        ahead = self._tokens_ahead(i)
+        work = ahead + mine
+        budget = cfg.max_num_batched_tokens
+        running = len(engine.running)
+        decodes = min(running, cfg.max_num_seqs)
+        kv_tokens = int(engine.kv.usage * engine.kv.num_usable_blocks * cfg.block_size)
+        step = engine.step_time.seconds(min(budget, work), decodes, kv_tokens, 0.0, decodes + 1)
+        steps = 1.0 + work / budget
+        est = steps * step
+        free = engine.kv.num_free_blocks * cfg.block_size
+        if work > free:  # it waits for running requests to finish and free their blocks
+            est += 4.0 * step * (work - free) / budget
+        if running >= cfg.max_num_seqs:
+            est += step * (running - cfg.max_num_seqs + 1 + len(engine.waiting))
+        if req.lora and cfg.max_loras:
+            active = {r.lora for r in engine.running if r.lora}
+            if req.lora not in active and len(active) >= cfg.max_loras:
+                est += 10.0 * step
+        return est
+
+    async def route(self, job: Job) -> int:
+        best: list[int] = []
+        best_key = (math.inf, math.inf)
+        for i, pod in enumerate(self.cluster.pods):
+            key = (round(self.estimate(i, job), 6), len(pod.engine.running))
+            if key < best_key:
+                best_key, best = key, [i]
+            elif key == best_key:
+                best.append(i)
+        return best[0] if len(best) == 1 else self.rng.choice(best)
+
+
+def reference_router(name: str, seed: int = 0) -> Router:
+    routers: dict[str, type[Router]] = {
+        "random": RandomRouter, "round-robin": RoundRobinRouter, "least-queue": LeastQueueRouter,
+        "oracle": OracleRouter,
+    }
+    cls = routers.get(name)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r} (known: epp, {', '.join(REFERENCE_POLICIES)})")
+    return cls(seed)  # type: ignore[call-arg]
