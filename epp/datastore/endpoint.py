@@ -66,10 +66,10 @@ class EndpointSpec:
     labels: tuple[tuple[str, str], ...] = ()
     engine: str = ""  # "" = unlabelled: the extractor's default engine applies
     metrics_port: int = 0  # 0: scrape on `port`
+    address: str = field(init=False, compare=False, repr=False)  # "ip:port", read on every pick
 
-    @property
-    def address(self) -> str:
-        return join_host_port(self.ip, self.port)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", join_host_port(self.ip, self.port))
 
 
 @dataclass(slots=True, eq=False)
