@@ -222,3 +222,25 @@ def test_stale_metrics_dont_matter_to_hashing() -> None:
     ep = endpoint("10.0.0.1")
     ep.metrics = EndpointMetrics(cache_block_size=0)
     assert ApproxPrefixCacheProducer().block_size_tokens([ep]) == 16
+
+
+def test_index_match_counts_runs_exactly_as_the_per_block_definition() -> None:
+    """`match` counts runs of equal holder sets at once; it must equal counting block by block."""
+    import random
+
+    from epp.scheduling.plugins._prefix_index import PrefixIndex
+
+    rng = random.Random(7)
+    for _ in range(300):
+        index = PrefixIndex()
+        for s in range(6):
+            index.add([rng.randint(0, 12) for _ in range(rng.randint(0, 20))], f"s{s}", rng.randint(1, 15))
+        query = [rng.randint(0, 12) for _ in range(rng.randint(0, 15))]
+        expected: dict[str, int] = {}
+        for key in query:
+            holders = index._holders.get(key)
+            if not holders:
+                break
+            for holder in holders:
+                expected[holder] = expected.get(holder, 0) + 1
+        assert index.match(query) == expected
