@@ -63,6 +63,8 @@ bench: bench-deps
 	$(BIN)/python -m bench.routing prefix
 	$(BIN)/python -m bench.routing balance
 	$(BIN)/python -m bench.routing hol
+	$(BIN)/python -m bench.flowcontrol
+	$(BIN)/python -m bench.scale
 	$(BIN)/python -m bench.summary
 
 clean:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 
 import orjson
 
-from bench.common import RESULTS, closed_loop, epp_command, open_loop, pct, start_process, stop_process, wait_http
-from epp.local.envoy import EnvoyConfig, EnvoyProcess, free_port
+from bench.common import (RESULTS, closed_loop, epp_command, free_ports, open_loop, pct, start_process, stop_process,
+                          wait_http)
+from bench.pods import Pods, PodSpec
+from epp.local.envoy import EnvoyConfig, EnvoyProcess
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -28,22 +31,20 @@ def row(name: str, result) -> str:  # type: ignore[no-untyped-def]
 
 async def measure(args: argparse.Namespace) -> str:
     pods = args.pods
-    base = free_port()
-    sim = start_process(epp_command("sim", "--pods", str(pods), "--base-port", str(base), "--time-scale", "0.0001"),
-                        "overhead-sim")
-    addresses = ",".join(f"127.0.0.1:{base + i}" for i in range(pods))
-    grpc_port, health, metrics = free_port(), free_port(), free_port()
+    sim = Pods(PodSpec(count=pods, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=0.0001),
+               "overhead")
+    sim.start()
+    addresses = ",".join(sim.addresses)
+    grpc_port, health, metrics, *envoy_ports = free_ports(7)
     epp = start_process(epp_command("serve", "--static-endpoints", addresses, "--grpc-port", str(grpc_port),
                                     "--grpc-health-port", str(health), "--metrics-port", str(metrics),
                                     "--bind-address", "127.0.0.1", "--v", "1"), "overhead-epp")
     envoys: list[EnvoyProcess] = []
     try:
-        for i in range(pods):
-            wait_http(f"http://127.0.0.1:{base + i}/health")
-        wait_http(f"http://127.0.0.1:{metrics}/metrics")
-        with_epp = EnvoyProcess(EnvoyConfig(free_port(), free_port(), grpc_port, epp_tls=True,
+        wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=epp)
+        with_epp = EnvoyProcess(EnvoyConfig(envoy_ports[0], envoy_ports[1], grpc_port, epp_tls=True,
                                             response_body_mode=args.response_body_mode))
-        direct = EnvoyProcess(EnvoyConfig(free_port(), free_port(), 0, with_ext_proc=False,
+        direct = EnvoyProcess(EnvoyConfig(envoy_ports[2], envoy_ports[3], 0, with_ext_proc=False,
                                           upstreams=tuple(addresses.split(","))))
         envoys = [with_epp, direct]
         for e in envoys:
@@ -67,12 +68,12 @@ async def measure(args: argparse.Namespace) -> str:
         for name, results in closed.items():
             m = results[0]
             for r in results[1:]:
-                m.latencies += r.latencies
-                m.errors += r.errors
-                m.elapsed += r.elapsed
+                m.merge(r)
             merged[name] = m
             lines.append(row(name, m))
         ratio = merged["envoy + epp"].rps / merged["envoy only"].rps
+        args.figures = {"throughput_ratio": ratio, "added_p50_ms": (pct(merged["envoy + epp"].latencies, .5)
+                                                                    - pct(merged["envoy only"].latencies, .5)) * 1000}
         lines += ["", f"**Throughput with the EPP / without: {ratio:.2f}** "
                       f"(p50 latency added: {(pct(merged['envoy + epp'].latencies, .5) - pct(merged['envoy only'].latencies, .5)) * 1000:.2f} ms)", ""]
         lines += [f"## Open loop at fixed rates, {args.duration:.0f} s each", "",
@@ -93,10 +94,10 @@ async def measure(args: argparse.Namespace) -> str:
         for e in envoys:
             e.close()
         stop_process(epp)
-        stop_process(sim)
+        sim.stop()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -106,10 +107,12 @@ def main() -> int:
     parser.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED",
                         choices=("FULL_DUPLEX_STREAMED", "NONE"))
     parser.add_argument("--out", default=str(RESULTS / "overhead.md"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     report = asyncio.run(measure(args))
     with open(args.out, "w") as f:
         f.write(report)
+    with open(str(args.out).removesuffix(".md") + ".json", "w") as f:
+        json.dump(getattr(args, "figures", {}), f)
     print(report)
     return 0
 

@@ -1,0 +1,388 @@
+"""What the picker itself costs: request rate, CPU per request, scraping, and the token path.
+
+    python -m bench.cost                    # all parts (~3 min)
+    python -m bench.cost --parts scrape     # one part: rate | prompt | scrape | tokens
+    python -m bench.cost --quick
+
+CPU is the EPP process's own user+system time (all threads) from /proc/<pid>/stat, read before and
+after a fixed amount of work, so other processes on the machine do not count against it.
+
+- rate: the highest request rate one EPP process sustains with 10 and 100 endpoints (closed loop
+  through Envoy; the endpoints are cheap stub pods in one Envoy, see `bench/stubpods.py`), with
+  response bodies through the EPP (the reference's Envoy config) and kept off it (NONE).
+- prompt: CPU per request for 8k- and 100k-token prompts, with the default prefix matching (the
+  first 256 blocks) and with matching over the whole prompt.
+- scrape: CPU to scrape 10 and 100 pods at the default 50 ms interval with vLLM-sized pages and no
+  traffic, against the same EPP with scraping slowed to once an hour.
+- tokens: inter-token latency and EPP CPU per streamed chunk with response bodies through the
+  EPP (FULL_DUPLEX_STREAMED) and off it (NONE), same EPP, same pods, alternating; Envoy without
+  the EPP as the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from bench.client import Outcome, _send
+from bench.common import (MODEL, RESULTS, LoadResult, closed_loop, cpu_seconds, epp_command, free_ports, log,
+                          machine_load, pct, start_process, stop_process, wait_http, write_report)
+from bench.pods import Pods, PodSpec
+from bench.stubpods import StubPods
+from bench.workloads import COMPLETION, WORDS, Planned
+from epp.local.envoy import EnvoyConfig, EnvoyProcess
+
+FULL = "FULL_DUPLEX_STREAMED"
+NONE = "NONE"
+
+FULL_MATCH_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+  parameters: {maxPrefixTokensToMatch: 131072}
+- type: active-request-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+  - {pluginRef: active-request-scorer, weight: 2}
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors: [{pluginRef: core-metrics-extractor}]
+"""
+
+
+@dataclass(slots=True)
+class Epp:
+    proc: subprocess.Popen[bytes]
+    grpc_port: int
+    envoys: dict[str, EnvoyProcess] = field(default_factory=dict)
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+
+@contextmanager
+def epp_stack(endpoints: list[str], tag: str, modes: tuple[str, ...] = (FULL, NONE),
+              extra: tuple[str, ...] = (), config_text: str = "") -> Iterator[Epp]:
+    """An `epp serve` process over `endpoints` with one Envoy per response body mode."""
+    grpc_port, health, metrics = free_ports(3)
+    args = ["serve", "--static-endpoints", ",".join(endpoints), "--grpc-port", str(grpc_port),
+            "--grpc-health-port", str(health), "--metrics-port", str(metrics), "--bind-address", "127.0.0.1",
+            "--v", "1", *extra]
+    tmp = None
+    if config_text:
+        tmp = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="bench-epp-", delete=False)
+        tmp.write(config_text)
+        tmp.close()
+        args += ["--config-file", tmp.name]
+    proc = start_process(epp_command(*args), f"cost-{tag}-epp")
+    epp = Epp(proc, grpc_port)
+    try:
+        wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=proc)
+        for mode in modes:
+            listen, admin = free_ports(2)
+            envoy = EnvoyProcess(EnvoyConfig(listen, admin, grpc_port, epp_tls=True, response_body_mode=mode))
+            epp.envoys[mode] = envoy
+            envoy.start()
+        time.sleep(0.5)
+        yield epp
+    finally:
+        for envoy in epp.envoys.values():
+            envoy.close()
+        stop_process(proc)
+        if tmp is not None:
+            Path(tmp.name).unlink(missing_ok=True)
+
+
+@contextmanager
+def plain_envoy(endpoints: list[str]) -> Iterator[EnvoyProcess]:
+    listen, admin = free_ports(2)
+    envoy = EnvoyProcess(EnvoyConfig(listen, admin, 0, with_ext_proc=False, upstreams=tuple(endpoints)))
+    try:
+        envoy.start()
+        yield envoy
+    finally:
+        envoy.close()
+
+
+def prompt_bodies(rng: random.Random, tokens: int, count: int) -> list[bytes]:
+    """Distinct completion bodies of about `tokens` tokens (4 characters each), max_tokens 1."""
+    return [orjson.dumps({"model": MODEL, "prompt": f"req {i} {rng.random()} " + " ".join(rng.choices(WORDS, k=tokens)),
+                          "max_tokens": 1}) for i in range(count)]
+
+
+# --------------------------------------------------------------------------- rate
+
+
+async def part_rate(args: argparse.Namespace) -> list[str]:
+    rng = random.Random(5)
+    bodies = prompt_bodies(rng, 200, 2000)
+    lines = ["## Highest request rate of one EPP process", "",
+             f"Closed loop, {args.concurrency} concurrent clients, {args.duration:g} s per path, two alternating "
+             "rounds; distinct ~200-token prompts, max_tokens 1; endpoints are stub pods (Envoy direct responses) "
+             "that the EPP also scrapes every 50 ms. `EPP CPU` is the EPP process's CPU time ÷ wall time; "
+             "`CPU/req` its CPU time per request, so 1 / (CPU/req) is the rate one fully busy core would sustain.", "",
+             "| endpoints | path | req/s | p50 ms | p99 ms | errors | EPP CPU (cores) | EPP CPU/req | 1 core would do |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for n in args.endpoints:
+        log(f"rate: {n} endpoints")
+        with StubPods(n) as stubs, epp_stack(stubs.addresses, f"rate{n}") as epp, plain_envoy(stubs.addresses) as bare:
+            paths = {f"envoy + epp ({FULL})": epp.envoys[FULL].url, f"envoy + epp ({NONE})": epp.envoys[NONE].url,
+                     "envoy only": bare.url}
+            for url in paths.values():
+                await closed_loop(url + "/v1/completions", bodies, 4, 0.5)
+            merged: dict[str, tuple[LoadResult, float, float]] = {}
+            for _ in range(2):
+                for name, url in paths.items():
+                    c0, t0 = epp.cpu(), time.perf_counter()
+                    r = await closed_loop(url + "/v1/completions", bodies, args.concurrency, args.duration)
+                    c1, t1 = epp.cpu(), time.perf_counter()
+                    if name in merged:
+                        prev, cpu, wall = merged[name]
+                        prev.merge(r)
+                        merged[name] = (prev, cpu + c1 - c0, wall + t1 - t0)
+                    else:
+                        merged[name] = (r, c1 - c0, t1 - t0)
+                    log(f"  {name}: {r.rps:,.0f} req/s")
+            for name, (r, cpu, wall) in merged.items():
+                per = cpu / len(r.latencies) if r.latencies and "epp" in name else float("nan")
+                args.figures.setdefault("rate", {})[f"{n} {name}"] = {"rps": r.rps, "cpu_per_req": per,
+                                                                         "p50": pct(r.latencies, .5)}
+                lines.append(f"| {n} | {name} | {r.rps:,.0f} | {pct(r.latencies, .5) * 1e3:.1f} | "
+                             f"{pct(r.latencies, .99) * 1e3:.1f} | {r.errors} | {cpu / wall:.2f} | "
+                             + (f"{per * 1e3:.2f} ms | {1 / per:,.0f} req/s |" if per == per else "– | – |"))
+    return lines
+
+
+# --------------------------------------------------------------------------- prompt size
+
+
+async def part_prompt(args: argparse.Namespace) -> list[str]:
+    rng = random.Random(8)
+    sizes = [(8_000, args.prompt_requests[0]), (100_000, args.prompt_requests[1])]
+    lines = ["## CPU per request by prompt size", "",
+             "Distinct prompts (no shared prefix: every block is new to the index), Envoy + EPP with response "
+             f"bodies through the EPP, 10 stub endpoints, {args.prompt_concurrency} concurrent clients, a fixed "
+             "number of requests. Cores per request/s equals CPU-seconds per request. The reference's successor "
+             "documents about **0.5–1 core per request/s** at 100k-token prompts (its sizing guide).", "",
+             "| prefix matching | prompt tokens | body KB | requests | EPP CPU/req | cores per req/s | "
+             "client p50 ms |", "|---|---|---|---|---|---|---|"]
+    with StubPods(10) as stubs:
+        for label, config in (("default (first 256 blocks)", ""), ("whole prompt (maxPrefixTokensToMatch 131072)",
+                                                                   FULL_MATCH_CONFIG)):
+            with epp_stack(stubs.addresses, "prompt", modes=(FULL,), config_text=config) as epp:
+                url = epp.envoys[FULL].url + "/v1/completions"
+                for tokens, count in sizes:
+                    log(f"prompt: {tokens:,} tokens, {label}")
+                    bodies = prompt_bodies(rng, tokens, count)
+                    await closed_loop(url, bodies[:2], 1, 0.3)  # warm up
+                    c0 = epp.cpu()
+                    r = await _fixed(url, bodies, args.prompt_concurrency)
+                    cpu = epp.cpu() - c0
+                    per = cpu / max(1, len(r.latencies))
+                    args.figures.setdefault("prompt", {})[f"{tokens} {'default' if not config else 'whole'}"] = per
+                    lines.append(f"| {label} | {tokens:,} | {len(bodies[0]) / 1024:,.0f} | {len(r.latencies)} "
+                                 f"(+{r.errors} errors) | {per * 1e3:.1f} ms | {per:.3f} | "
+                                 f"{pct(r.latencies, .5) * 1e3:.1f} |")
+    return lines
+
+
+async def _fixed(url: str, bodies: list[bytes], concurrency: int) -> LoadResult:
+    """Send every body once, `concurrency` at a time."""
+    import aiohttp
+
+    result = LoadResult()
+    queue = list(reversed(bodies))
+    start = time.perf_counter()
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while queue:
+            body = queue.pop()
+            t = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if ok:
+                result.latencies.append(time.perf_counter() - t)
+            else:
+                result.errors += 1
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    result.elapsed = time.perf_counter() - start
+    return result
+
+
+# --------------------------------------------------------------------------- scraping
+
+
+async def part_scrape(args: argparse.Namespace) -> list[str]:
+    lines = ["## Scraping cost (no traffic)", "",
+             f"The EPP scrapes every endpoint's /metrics (a {_page_kb()} KB vLLM page) every 50 ms (the "
+             f"default); measured over {args.scrape_seconds:g} s after a {args.settle:g} s settle, against the same EPP with "
+             "`--refresh-metrics-interval 1h` (no scraping). The reference's successor reports about **7.5 cores "
+             "at 100 model pods** from scraping.", "",
+             "| endpoints | interval | scrapes/s (target) | EPP CPU (cores) | CPU per scrape |", "|---|---|---|---|---|"]
+    for n in args.endpoints:
+        with StubPods(n) as stubs:
+            for interval in ("50ms", "1h"):
+                log(f"scrape: {n} endpoints, interval {interval}")
+                with epp_stack(stubs.addresses, f"scrape{n}", modes=(),
+                               extra=("--refresh-metrics-interval", interval)) as epp:
+                    await asyncio.sleep(args.settle)
+                    s0, c0, t0 = stubs.requests_served(), epp.cpu(), time.perf_counter()
+                    await asyncio.sleep(args.scrape_seconds)
+                    s1, c1, t1 = stubs.requests_served(), epp.cpu(), time.perf_counter()
+                wall = t1 - t0
+                rate = (s1 - s0) / wall
+                cores = (c1 - c0) / wall
+                args.figures.setdefault("scrape", {})[f"{n} {interval}"] = {"scrapes": rate, "cores": cores}
+                target = n * 20 if interval == "50ms" else 0
+                if interval == "50ms" and rate:
+                    per = (c1 - c0) / (s1 - s0)
+                    cells = f"{per * 1e6:,.0f} µs |"
+                else:
+                    cells = "– |"
+                lines.append(f"| {n} | {interval} | {rate:,.0f} ({target:,}) | {cores:.3f} | {cells}")
+    return lines
+
+
+def _page_kb() -> str:
+    from bench.stubpods import metrics_page
+
+    return f"{len(metrics_page()) / 1024:.0f}"
+
+
+# --------------------------------------------------------------------------- token path
+
+
+async def _stream_loop(url: str, concurrency: int, duration: float, max_tokens: int) -> list[Outcome]:
+    import aiohttp
+
+    outcomes: list[Outcome] = []
+    item = Planned(0.0, COMPLETION, {"prompt": "Tell me a long story about " + " ".join(WORDS[:40]),
+                                     "max_tokens": max_tokens, "ignore_eos": True}, "stream")
+    deadline = time.perf_counter() + duration
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        t0 = time.perf_counter()
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                await _send(session, url, MODEL, item, t0, outcomes)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return outcomes
+
+
+async def part_tokens(args: argparse.Namespace) -> list[str]:
+    lines = ["## The token path: response bodies through the EPP or not", "",
+             f"2 simulated pods (H100 step times, real time), {args.stream_concurrency} concurrent streams of "
+             f"{args.stream_tokens} tokens, {args.duration:g} s per path, two alternating rounds, one EPP behind "
+             "two Envoys that differ only in `response_body_mode`. ITL = gap between SSE token events at the "
+             "client. With NONE the EPP still learns when each request ends (the ext_proc stream closes) and "
+             "releases its in-flight count, but does not see `usage`.", "",
+             "| path | streams done | token events | ITL p50 ms | ITL p99 ms | TTFT p50 ms | EPP CPU (cores) | "
+             "EPP CPU per chunk |", "|---|---|---|---|---|---|---|---|"]
+    spec = PodSpec(count=2, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
+    with Pods(spec, "cost-tokens") as sims, epp_stack(sims.addresses, "tokens") as epp, \
+            plain_envoy(sims.addresses) as bare:
+        paths = {f"envoy + epp ({FULL})": epp.envoys[FULL].url, f"envoy + epp ({NONE})": epp.envoys[NONE].url,
+                 "envoy only": bare.url}
+        acc: dict[str, tuple[list[Outcome], float, float]] = {name: ([], 0.0, 0.0) for name in paths}
+        for _ in range(2):
+            for name, url in paths.items():
+                log(f"tokens: {name}")
+                c0, t0 = epp.cpu(), time.perf_counter()
+                outs = await _stream_loop(url, args.stream_concurrency, args.duration, args.stream_tokens)
+                c1, t1 = epp.cpu(), time.perf_counter()
+                prev, cpu, wall = acc[name]
+                acc[name] = (prev + outs, cpu + c1 - c0, wall + t1 - t0)
+        for name, (outs, cpu, wall) in acc.items():
+            ok = [o for o in outs if o.ok]
+            itls = [g for o in ok for g in o.itls]
+            chunks = sum(o.tokens for o in outs)
+            per = f"{cpu / chunks * 1e6:,.0f} µs" if chunks and "epp" in name else "–"
+            args.figures.setdefault("tokens", {})[name] = {
+                "itl_p50": pct(itls, .5), "itl_p99": pct(itls, .99), "cores": cpu / wall,
+                "cpu_per_chunk": cpu / chunks if chunks else float("nan")}
+            lines.append(f"| {name} | {len(ok)} | {chunks:,} | {pct(itls, .5) * 1e3:.2f} | {pct(itls, .99) * 1e3:.2f} | "
+                         f"{pct([o.ttft for o in ok], .5) * 1e3:.1f} | {cpu / wall:.2f} | {per} |")
+    return lines
+
+
+# --------------------------------------------------------------------------- CLI
+
+PARTS = {"rate": part_rate, "prompt": part_prompt, "scrape": part_scrape, "tokens": part_tokens}
+
+
+async def measure(args: argparse.Namespace) -> str:
+    lines = [f"# Picker cost ({time.strftime('%Y-%m-%d %H:%M')})", "",
+             f"`python -m bench.cost` on this machine (2 cores shared by the client, Envoy, the pods and the EPP; "
+             f"load average {machine_load()} at the start). "
+             "The EPP runs with TLS on its gRPC port and the default config unless a row says otherwise.", ""]
+    for name in args.parts:
+        started = time.monotonic()
+        lines += await PARTS[name](args)
+        lines += ["", f"_({name}: {time.monotonic() - started:.0f} s)_", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", type=lambda s: s.split(","), default=list(PARTS), help=",".join(PARTS))
+    parser.add_argument("--quick", action="store_true", help="shorter runs, fewer requests")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured path (rate, tokens)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--endpoints", type=lambda s: [int(x) for x in s.split(",")], default=[10, 100])
+    parser.add_argument("--prompt-requests", type=lambda s: [int(x) for x in s.split(",")], default=[200, 40],
+                        help="requests at 8k and 100k tokens")
+    parser.add_argument("--prompt-concurrency", type=int, default=2)
+    parser.add_argument("--scrape-seconds", type=float, default=8.0)
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds before a scrape measurement starts")
+    parser.add_argument("--stream-concurrency", type=int, default=16)
+    parser.add_argument("--stream-tokens", type=int, default=200)
+    parser.add_argument("--out", default=str(RESULTS / "cost.md"))
+    args = parser.parse_args(argv)
+    args.figures = {}
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown parts {unknown}; known: {', '.join(PARTS)}")
+    if args.quick:
+        args.duration, args.scrape_seconds, args.prompt_requests = 2.0, 3.0, [40, 8]
+    try:
+        report = asyncio.run(measure(args))
+    except KeyboardInterrupt:
+        log("interrupted; every process started has been stopped")
+        return 130
+    write_report(Path(args.out), report)
+    Path(args.out).with_suffix(".json").write_text(json.dumps(args.figures, indent=1))
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Reading inference-perf's reports: stage figures and each stage's time window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from bench import inferenceperf
+
+
+def _stage(count: int, ttft: float) -> dict:  # type: ignore[type-arg]
+    lat = {"time_to_first_token": {"median": ttft, "p90": 2 * ttft, "p99": 3 * ttft},
+           "inter_token_latency": {"median": 0.01, "p99": 0.05}}
+    return {"load_summary": {"count": count}, "successes": {"count": count, "latency": lat,
+            "throughput": {"output_tokens_per_sec": 100.0, "requests_per_sec": 2.0}}, "failures": {"count": 0}}
+
+
+def test_parse_splits_requests_into_stages_by_order(tmp_path: Path) -> None:
+    (tmp_path / "stage_0_lifecycle_metrics.json").write_text(json.dumps(_stage(2, 0.1)))
+    (tmp_path / "stage_1_lifecycle_metrics.json").write_text(json.dumps(_stage(1, 0.2)))
+    records = [{"start_time": t, "end_time": t + 0.5, "error": None} for t in (20.0, 10.0, 11.0)]
+    (tmp_path / "per_request_lifecycle_metrics.json").write_text(json.dumps(records))
+    stages = inferenceperf.parse(tmp_path, [5.0, 9.0])
+    assert [s.rate for s in stages] == [5.0, 9.0]
+    assert stages[0].window == (10.0, 11.5) and stages[1].window == (20.0, 20.5)
+    assert stages[1].ttft == (0.2, 0.4, 0.6000000000000001)
+    assert stages[0].e2e_mean == 0.5
+
+
+def test_config_is_offline_and_one_stage_per_rate(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(inferenceperf, "tokenizer_dir", lambda: tmp_path / "tok")
+    cfg = inferenceperf.config("http://127.0.0.1:1", [1.0, 2.0], 5.0, tmp_path / "out", seed=3)
+    text = yaml.safe_dump(cfg)
+    assert "huggingface" not in text
+    assert [s["rate"] for s in cfg["load"]["stages"]] == [1.0, 2.0]  # type: ignore[index]
+    assert cfg["tokenizer"]["pretrained_model_name_or_path"] == str(tmp_path / "tok")  # type: ignore[index]
