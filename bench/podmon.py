@@ -9,56 +9,14 @@ whether the simulated pods kept up with wall time on this machine (`engine lag`)
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
 import aiohttp
 
-from epp.datalayer.promparse import WantedNames, parse_wanted
+from epp.local.podstats import PodStats as PodSample
+from epp.local.podstats import pod_stats as sample_pod
 
-_WANTED = WantedNames([
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:request_success_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:generation_tokens_total",
-    "vllm:e2e_request_latency_seconds_sum",
-    "vllm:e2e_request_latency_seconds_count",
-    "vllm:time_to_first_token_seconds_sum",
-    "vllm:time_to_first_token_seconds_count",
-])
-
-
-@dataclass(slots=True)
-class PodSample:
-    t: float  # time.monotonic()
-    running: float = 0.0
-    waiting: float = 0.0
-    finished: float = 0.0
-    queries: float = 0.0
-    hits: float = 0.0
-    gen_tokens: float = 0.0
-    e2e_sum: float = 0.0
-    e2e_count: float = 0.0
-    ttft_sum: float = 0.0
-    ttft_count: float = 0.0
-
-
-async def sample_pod(session: aiohttp.ClientSession, url: str) -> PodSample:
-    async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-        body = await r.read()
-    now = time.monotonic()
-    samples = parse_wanted(body, _WANTED)
-
-    def total(name: str) -> float:
-        return sum(s.value for s in samples.get(name, ()))
-
-    return PodSample(now, total("vllm:num_requests_running"), total("vllm:num_requests_waiting"),
-                     total("vllm:request_success_total"), total("vllm:prefix_cache_queries_total"),
-                     total("vllm:prefix_cache_hits_total"), total("vllm:generation_tokens_total"),
-                     total("vllm:e2e_request_latency_seconds_sum"), total("vllm:e2e_request_latency_seconds_count"),
-                     total("vllm:time_to_first_token_seconds_sum"), total("vllm:time_to_first_token_seconds_count"))
+__all__ = ["Delta", "PodMonitor", "PodSample", "delta", "sample_pod"]
 
 
 @dataclass(slots=True)
@@ -87,9 +45,9 @@ def delta(before: list[PodSample], after: list[PodSample]) -> Delta:
     ttft_n = sum(a.ttft_count - b.ttft_count for a, b in zip(after, before))
     return Delta(
         finished=[a.finished - b.finished for a, b in zip(after, before)],
-        queries=sum(a.queries - b.queries for a, b in zip(after, before)),
-        hits=sum(a.hits - b.hits for a, b in zip(after, before)),
-        gen_tokens=sum(a.gen_tokens - b.gen_tokens for a, b in zip(after, before)),
+        queries=sum(a.prefix_queries - b.prefix_queries for a, b in zip(after, before)),
+        hits=sum(a.prefix_hits - b.prefix_hits for a, b in zip(after, before)),
+        gen_tokens=sum(a.generation_tokens - b.generation_tokens for a, b in zip(after, before)),
         engine_e2e_mean=sum(a.e2e_sum - b.e2e_sum for a, b in zip(after, before)) / e2e_n if e2e_n else float("nan"),
         engine_ttft_mean=sum(a.ttft_sum - b.ttft_sum for a, b in zip(after, before)) / ttft_n if ttft_n else float("nan"),
     )
