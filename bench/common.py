@@ -155,6 +155,24 @@ class LoadResult:
         self.elapsed += other.elapsed
 
 
+_JSON = {"content-type": "application/json"}
+
+
+async def timed_post(session: aiohttp.ClientSession, url: str, data: bytes, result: LoadResult) -> None:
+    """One POST; its latency goes into `result` when it is a 200, else it counts as an error."""
+    start = time.perf_counter()
+    try:
+        async with session.post(url, data=data, headers=_JSON) as r:
+            await r.read()
+            ok = r.status == 200
+    except aiohttp.ClientError:
+        ok = False
+    if ok:
+        result.latencies.append(time.perf_counter() - start)
+    else:
+        result.errors += 1
+
+
 async def closed_loop(url: str, body: bytes | Sequence[bytes], concurrency: int, duration: float) -> LoadResult:
     """`concurrency` clients sending back to back for `duration` seconds (cycling through `body`
     when it is a list, so requests can differ)."""
@@ -162,22 +180,10 @@ async def closed_loop(url: str, body: bytes | Sequence[bytes], concurrency: int,
     bodies = [body] if isinstance(body, bytes) else list(body)
     counter = iter(range(1 << 62))
     deadline = time.perf_counter() + duration
-    headers = {"content-type": "application/json"}
 
     async def client(session: aiohttp.ClientSession) -> None:
         while time.perf_counter() < deadline:
-            data = bodies[next(counter) % len(bodies)]
-            start = time.perf_counter()
-            try:
-                async with session.post(url, data=data, headers=headers) as r:
-                    await r.read()
-                    ok = r.status == 200
-            except aiohttp.ClientError:
-                ok = False
-            if ok:
-                result.latencies.append(time.perf_counter() - start)
-            else:
-                result.errors += 1
+            await timed_post(session, url, bodies[next(counter) % len(bodies)], result)
 
     start = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
@@ -189,20 +195,6 @@ async def closed_loop(url: str, body: bytes | Sequence[bytes], concurrency: int,
 async def open_loop(url: str, body: bytes, rate: float, duration: float) -> LoadResult:
     """Requests at a fixed rate (evenly spaced), whatever the latency."""
     result = LoadResult()
-    headers = {"content-type": "application/json"}
-
-    async def one(session: aiohttp.ClientSession) -> None:
-        start = time.perf_counter()
-        try:
-            async with session.post(url, data=body, headers=headers) as r:
-                await r.read()
-                ok = r.status == 200
-        except aiohttp.ClientError:
-            ok = False
-        if ok:
-            result.latencies.append(time.perf_counter() - start)
-        else:
-            result.errors += 1
 
     tasks = []
     start = time.perf_counter()
@@ -212,7 +204,7 @@ async def open_loop(url: str, body: bytes, rate: float, duration: float) -> Load
             delay = start + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(session)))
+            tasks.append(asyncio.create_task(timed_post(session, url, body, result)))
         await asyncio.gather(*tasks)
     result.elapsed = time.perf_counter() - start
     return result

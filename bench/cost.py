@@ -38,7 +38,7 @@ import orjson
 
 from bench.client import Outcome, _send
 from bench.common import (MODEL, RESULTS, LoadResult, closed_loop, cpu_seconds, epp_command, free_ports, log,
-                          machine_load, pct, start_process, stop_process, wait_http, write_report)
+                          machine_load, pct, start_process, stop_process, timed_post, wait_http, write_report)
 from bench.pods import Pods, PodSpec
 from bench.stubpods import StubPods
 from bench.workloads import COMPLETION, WORDS, Planned
@@ -218,18 +218,7 @@ async def _fixed(url: str, bodies: list[bytes], concurrency: int) -> LoadResult:
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while queue:
-            body = queue.pop()
-            t = time.perf_counter()
-            try:
-                async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
-                    await r.read()
-                    ok = r.status == 200
-            except aiohttp.ClientError:
-                ok = False
-            if ok:
-                result.latencies.append(time.perf_counter() - t)
-            else:
-                result.errors += 1
+            await timed_post(session, url, queue.pop(), result)
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
