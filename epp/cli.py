@@ -20,7 +20,7 @@ def _run_async(coro) -> None:  # type: ignore[no-untyped-def]
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from epp.config.options import options_from_args
-    from epp.config.params import ConfigError
+    from epp.params import ConfigError
     from epp.observability.logging import setup_logging
     from epp.runner import serve
 
@@ -36,7 +36,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     from epp.config.loader import load_config
-    from epp.config.params import ConfigError
+    from epp.params import ConfigError
     from epp.datastore import Datastore
 
     text = open(args.config_file).read() if args.config_file else None

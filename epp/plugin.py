@@ -3,20 +3,28 @@ flow control). It lives here, below all of them, so no layer imports another jus
 
 from __future__ import annotations
 
+import random
 from abc import ABC
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from epp.config.params import Params
 from epp.datastore import Datastore
+from epp.params import Params
 
 
 @dataclass(slots=True)
 class PluginContext:
-    """What a plugin factory may use: the datastore (read-only) and the plugins built so far."""
+    """What a plugin factory may use: the datastore (read-only) and the plugins built so far.
+
+    `seed` is set by the simulator so that every plugin's randomness is reproducible; a plugin
+    that draws random numbers takes its generator from `rng`, never from the global one."""
 
     datastore: Datastore
     plugins: dict[str, Plugin] = field(default_factory=dict)
+    seed: int | None = None
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.seed}:{name}") if self.seed is not None else random.Random()
 
 
 class Plugin(ABC):

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 import grpc
 from aiohttp import web
 
-from epp.config.loader import LoadedConfig, load_config
+from epp.config.loader import LoadedConfig
 from epp.config.options import Options
+from epp.core import build_core
 from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore
 from epp.discovery.base import Discovery
 from epp.discovery.static import StaticDiscovery, parse_endpoint_list
 from epp.extproc.server import ExternalProcessor, add_to_server
 from epp.extproc.tls import server_credentials
-from epp.flowcontrol.factory import build_admission
 from epp.flowcontrol.objectives import load_objectives_file
 from epp.observability.admin import AdminServicer, QueueInfo, StatusSources
 from epp.observability.admin import add_to_server as add_admin_to_server
@@ -31,8 +31,6 @@ from epp.observability.health import HealthServicer
 from epp.observability.metrics import EppMetrics
 from epp.observability.server import start_metrics_server
 from epp.observability.trace import DecisionTrace
-from epp.requestcontrol.director import Director
-from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from grpc_health.v1 import health_pb2_grpc
 
 if TYPE_CHECKING:
@@ -50,7 +48,10 @@ def discovery_from_options(options: Options) -> Discovery:
     if options.pool_name or options.endpoint_selector:
         from epp.discovery.kubernetes import kubernetes_discovery  # the client loads only when used
 
-        return kubernetes_discovery(options)
+        return kubernetes_discovery(
+            pool_name=options.pool_name, pool_namespace=options.pool_namespace, pool_group=options.pool_group,
+            kubeconfig=options.kubeconfig, endpoint_selector=options.endpoint_selector,
+            endpoint_target_ports=options.endpoint_target_ports)
     raise SystemExit("error: no endpoint source: give --pool-name, --endpoint-selector, --static-endpoints "
                      "or --static-endpoints-file")
 
@@ -68,28 +69,16 @@ class EndpointPicker:
         self.datastore.pool.name = options.pool_name
         self.datastore.pool.namespace = options.pool_namespace
         self.discovery = discovery or discovery_from_options(options)
-        self.config: LoadedConfig = load_config(config_text(options), self.datastore)
         self.metrics = EppMetrics(self.datastore, staleness=options.metrics_staleness_threshold)
         if options.objectives_file:
             load_objectives_file(options.objectives_file, self.datastore, pool_name=options.pool_name)
-        detector = self.config.saturation_detector
-        self.metrics.set_saturation_source(lambda: detector.saturation(self.datastore.endpoints()))
-        # Flow control (feature gate `flowControl`) or the legacy shed-when-saturated admission.
-        self.admission = build_admission(self.config.flow_control_config, detector, self.datastore,
-                                         tick=options.refresh_metrics_interval, metrics=self.metrics)
         self.trace = DecisionTrace()
-        self._observe_plugins()
-        self.director = Director(
-            self.datastore,
-            self.config.scheduler,
-            self.admission,
-            pre_request=self.config.pre_request,
-            response_received=self.config.response_received,
-            response_complete=self.config.response_complete,
-            metrics=self.metrics,
-            subset_filter=not options.disable_endpoint_subset_filter,
-            trace=self.trace,
-        )
+        core = build_core(self.datastore, config_text(options), tick=options.refresh_metrics_interval,
+                          metrics=self.metrics, trace=self.trace,
+                          subset_filter=not options.disable_endpoint_subset_filter)
+        self.config: LoadedConfig = core.config
+        self.admission = core.admission
+        self.director = core.director
         self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes,
                                          debug_header=options.debug_decision_header)
         self.scraper: MetricsScraper | None = None
@@ -102,15 +91,6 @@ class EndpointPicker:
         self.health_port = 0
         self.metrics_port = 0
         self.admin_port = 0
-
-    def _observe_plugins(self) -> None:
-        """Hook the scheduler and the prefix index into the metrics (they import nothing of it)."""
-        self.config.scheduler.timer = self.metrics.plugin_timed
-        for plugin in self.config.plugins.values():
-            if isinstance(plugin, ApproxPrefixCacheProducer):
-                plugin.observer = self.metrics.prefix_matched
-                self.metrics.set_prefix_index_size(lambda p=plugin: p.index.entries)
-                break
 
     def _queues(self) -> list[QueueInfo]:
         """Flow-control queues per band and flow (band rows carry the oldest request's age)."""
@@ -137,7 +117,10 @@ class EndpointPicker:
         if o.ha_enable_leader_election:
             from epp.discovery.leader import leader_elector
 
-            self.leader = leader_elector(o)
+            self.leader = leader_elector(
+                pool_namespace=o.pool_namespace, pool_name=o.pool_name, kubeconfig=o.kubeconfig,
+                lease_duration=o.ha_lease_duration, renew_deadline=o.ha_renew_deadline,
+                retry_period=o.ha_retry_period)
             await self.leader.start()
         if self.config.data_source is not None:
             self.scraper = MetricsScraper(

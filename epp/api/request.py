@@ -11,8 +11,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import math
+
 import orjson
 
+from epp.api import headers as h
 from epp.errors import Code, EppError
 
 CHARS_PER_TOKEN = 4  # the reference's fixed estimate; also used by the prefix hasher
@@ -60,9 +63,14 @@ class InferenceRequest:
     headers: dict[str, str] = field(default_factory=dict)
     objective: str = ""
     priority: int = 0
-    fairness_id: str = "default-flow"
+    fairness_id: str = h.DEFAULT_FAIRNESS_ID
     body_size: int = 0
     subset: list[str] | None = None  # proxy's subset hint (ip or ip:port); None = no hint
+    slo_ttft: float | None = None  # seconds, from x-slo-ttft-ms
+    slo_tpot: float | None = None  # seconds, from x-slo-tpot-ms
+    # Per-request state of the plugins that handle this request, keyed by plugin name; it lives
+    # exactly as long as the request, so no plugin keeps a table of requests of its own.
+    state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sheddable(self) -> bool:
@@ -160,15 +168,32 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
+def slo_seconds(headers: dict[str, str], name: str) -> float | None:
+    """A latency objective header in milliseconds, as seconds; None if absent or not a finite
+    non-negative number (an objective is a hint: a bad one is ignored, never an error)."""
+    raw = headers.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return value / 1000.0
+
+
 def parse_request(
     raw: bytes,
     *,
     path: str,
     request_id: str,
     headers: dict[str, str] | None = None,
-    model_rewrite: str = "",
 ) -> InferenceRequest:
-    """Parse and validate a request body. Raises `EppError` (400) with a clear message."""
+    """Parse and validate a request body plus the request-control headers (lower-cased names).
+
+    Raises `EppError` (400) with a clear message."""
+    headers = headers or {}
     body = parse_body(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -180,12 +205,16 @@ def parse_request(
         request_id=request_id,
         api=api,
         model=model,
-        target_model=model_rewrite or model,
+        target_model=headers.get(h.MODEL_REWRITE) or model,
         body=body,
         prompt=prompt_bytes(api, body),
         stream=body.get("stream") is True,
         max_tokens=_max_tokens(body),
         cache_salt=salt if isinstance(salt, str) else "",
-        headers=headers or {},
+        headers=headers,
+        objective=headers.get(h.OBJECTIVE, ""),
+        fairness_id=headers.get(h.FAIRNESS_ID) or h.DEFAULT_FAIRNESS_ID,
         body_size=len(raw),
+        slo_ttft=slo_seconds(headers, h.SLO_TTFT),
+        slo_tpot=slo_seconds(headers, h.SLO_TPOT),
     )

@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 from epp.config.defaults import DEFAULT_CONFIG
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 from epp.config.parsers import DEFAULT_PARSER, RequestParser
 from epp.config.plugin_types import (
     CORE_METRICS_EXTRACTOR,
@@ -138,10 +138,12 @@ class LoadedConfig:
         return "flowControl" in self.feature_gates
 
 
-def load_config(text: str | None, datastore: Datastore) -> LoadedConfig:
-    """Build the configuration from YAML text; `None` means the default configuration."""
+def load_config(text: str | None, datastore: Datastore, *, seed: int | None = None) -> LoadedConfig:
+    """Build the configuration from YAML text; `None` means the default configuration.
+
+    `seed` makes every plugin's randomness reproducible (the simulator's runs)."""
     raw = _parse_yaml(DEFAULT_CONFIG if text is None else text)
-    return _Builder(datastore).build(raw)
+    return _Builder(datastore, seed).build(raw)
 
 
 def load_config_file(path: str | Path, datastore: Datastore) -> LoadedConfig:
@@ -246,8 +248,8 @@ def _describe(plugin: Plugin) -> str:
 
 
 class _Builder:
-    def __init__(self, datastore: Datastore) -> None:
-        self.ctx = PluginContext(datastore=datastore)
+    def __init__(self, datastore: Datastore, seed: int | None = None) -> None:
+        self.ctx = PluginContext(datastore=datastore, seed=seed)
         self.plugins = self.ctx.plugins
         self.warnings: list[str] = []
         self.types = all_plugin_types()

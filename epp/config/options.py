@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from epp.config.params import parse_duration
+from epp.params import parse_duration
 
 
 def parse_bool(text: str) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from epp.config.params import Params
+from epp.params import Params
 from epp.datalayer.engines import (
     BUILTIN_ENGINES,
     DEFAULT_ENGINE,

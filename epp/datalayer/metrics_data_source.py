@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from epp.config.params import Params
+from epp.params import Params
 from epp.datastore import EndpointSpec, join_host_port
 from epp.plugin import Plugin
 

@@ -41,8 +41,6 @@ from epp.discovery.kubeobjects import (
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from epp.config.options import Options
-
 log = logging.getLogger("epp.discovery")
 
 
@@ -279,26 +277,27 @@ class KubernetesDiscovery(Discovery):
             self._objectives.discard(name)
 
 
-def kubernetes_discovery(options: Options) -> KubernetesDiscovery:
+def kubernetes_discovery(*, pool_name: str, pool_namespace: str, pool_group: str, kubeconfig: str,
+                         endpoint_selector: str, endpoint_target_ports: str) -> KubernetesDiscovery:
     """The Kubernetes discovery `epp serve` flags ask for (pool mode or standalone selector mode)."""
     import os
 
     from epp.discovery.kubeclient import KubeConfigError, api_client, resolve_namespace
     from epp.discovery.kubeobjects import parse_ports, parse_selector, standalone_pool_name
 
-    namespace = resolve_namespace(options.pool_namespace)
+    namespace = resolve_namespace(pool_namespace)
     try:
-        api = api_client(options.kubeconfig)
+        api = api_client(kubeconfig)
     except KubeConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
-    if options.endpoint_selector:
+    if endpoint_selector:
         try:
-            selector = parse_selector(options.endpoint_selector)
-            ports = parse_ports(options.endpoint_target_ports)
+            selector = parse_selector(endpoint_selector)
+            ports = parse_ports(endpoint_target_ports)
         except ValueError as exc:
             raise SystemExit(f"error: --endpoint-selector/--endpoint-target-ports: {exc}") from None
         if not os.environ.get("POD_NAME"):
             log.warning("POD_NAME is not set: the standalone pool is named 'standalone'")
         spec = PoolSpec(name=standalone_pool_name(), namespace=namespace, selector=selector, target_ports=ports)
         return KubernetesDiscovery(api, namespace, standalone=spec)
-    return KubernetesDiscovery(api, namespace, pool_name=options.pool_name, pool_group=options.pool_group)
+    return KubernetesDiscovery(api, namespace, pool_name=pool_name, pool_group=pool_group)

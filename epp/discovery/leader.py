@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from epp.config.options import Options
-
 log = logging.getLogger("epp.leader")
 
 
@@ -236,16 +234,17 @@ class LeaderElector:
             asyncio.get_running_loop().run_in_executor(None, create)
 
 
-def leader_elector(options: Options) -> LeaderElector:
+def leader_elector(*, pool_namespace: str, pool_name: str, kubeconfig: str, lease_duration: float,
+                   renew_deadline: float, retry_period: float) -> LeaderElector:
     """The elector `--ha-enable-leader-election` asks for, on the pool's namespace and name."""
     from epp.discovery.kubeclient import KubeConfigError, api_client, resolve_namespace
     from epp.discovery.kubeobjects import standalone_pool_name
 
-    namespace = resolve_namespace(options.pool_namespace)
-    pool = options.pool_name or standalone_pool_name()
+    namespace = resolve_namespace(pool_namespace)
+    pool = pool_name or standalone_pool_name()
     try:
-        timing = LeaseTiming(options.ha_lease_duration, options.ha_renew_deadline, options.ha_retry_period)
-        api = api_client(options.kubeconfig)
+        timing = LeaseTiming(lease_duration, renew_deadline, retry_period)
+        api = api_client(kubeconfig)
     except (ValueError, KubeConfigError) as exc:
         raise SystemExit(f"error: --ha-enable-leader-election: {exc}") from None
     return LeaderElector(api, namespace, lease_name(namespace, pool), timing=timing)

@@ -7,13 +7,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
+from epp.api.headers import (  # noqa: F401 - re-exported for the protocol code
+    DESTINATION,
+    DESTINATION_SERVED,
+    DESTINATION_SUBSET,
+    LB_NAMESPACE,
+    SUBSET_NAMESPACE,
+)
 from epp.errors import EppError
-
-DESTINATION = "x-gateway-destination-endpoint"
-DESTINATION_SERVED = "x-gateway-destination-endpoint-served"
-DESTINATION_SUBSET = "x-gateway-destination-endpoint-subset"
-LB_NAMESPACE = "envoy.lb"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 
 # Chunks stay under the 64 KiB message limit some Envoys have (the reference's BodyByteLimit).
 BODY_CHUNK_BYTES = 62_000

@@ -18,6 +18,7 @@ import uuid
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.api.headers import PATH_HEADERS, REQUEST_ID
 from epp.api.request import InferenceRequest, api_for_path, parse_request
 from epp.api.response import ResponseObserver, rewrite_model_name
 from epp.errors import Code, EppError
@@ -31,12 +32,6 @@ _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
 BUFFERED_MODES = (_Mode.BUFFERED, _Mode.BUFFERED_PARTIAL)
 
-FAIRNESS_ID = "x-gateway-inference-fairness-id"
-OBJECTIVE = "x-gateway-inference-objective"
-MODEL_REWRITE = "x-gateway-model-name-rewrite"
-REQUEST_ID = "x-request-id"
-DEFAULT_FAIRNESS_ID = "default-flow"
-_PATH_HEADERS = (":path", "x-original-path", "x-forwarded-path")
 
 
 def _headers(message: pb.HttpHeaders) -> dict[str, str]:
@@ -159,16 +154,8 @@ class RequestStream:
 
     async def _decide(self) -> Decision:
         headers = self.headers
-        path = next((headers[h] for h in _PATH_HEADERS if headers.get(h)), "/v1/completions")
-        request = parse_request(
-            bytes(self.body),
-            path=path,
-            request_id=self.request_id,
-            headers=headers,
-            model_rewrite=headers.get(MODEL_REWRITE, ""),
-        )
-        request.objective = headers.get(OBJECTIVE, "")
-        request.fairness_id = headers.get(FAIRNESS_ID) or DEFAULT_FAIRNESS_ID
+        path = next((headers[name] for name in PATH_HEADERS if headers.get(name)), "/v1/completions")
+        request = parse_request(bytes(self.body), path=path, request_id=self.request_id, headers=headers)
         request.subset = self.subset
         self.request = request
         # If this stream is cancelled while the request waits (flow control) or right after its
@@ -177,7 +164,7 @@ class RequestStream:
         return decision
 
     def _pick_headers_only(self) -> pb.ProcessingResponse:
-        path = next((self.headers[h] for h in _PATH_HEADERS if self.headers.get(h)), "")
+        path = next((self.headers[name] for name in PATH_HEADERS if self.headers.get(name)), "")
         self.request = InferenceRequest(
             request_id=self.request_id, api=api_for_path(path), model="", target_model="", body=None,
             headers=self.headers, subset=self.subset,

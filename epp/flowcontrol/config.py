@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from epp.config.params import ConfigError, Params, parse_duration
+from epp.params import ConfigError, Params, parse_duration
 from epp.flowcontrol.gate import DispatchGate
 from epp.flowcontrol.policy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from epp.flowcontrol.quantity import parse_quantity

@@ -51,7 +51,7 @@ from epp.errors import Code, EppError
 from epp.flowcontrol.band import Band, Flow
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.gate import RecentDispatches
-from epp.flowcontrol.item import Ending, ItemState, Outcome, QueueItem, slo_ttft_seconds
+from epp.flowcontrol.item import Ending, ItemState, Outcome, QueueItem
 from epp.flowcontrol.item_queue import HeapQueue
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.sink import FlowMetricsSink
@@ -123,7 +123,7 @@ class FlowController:
         item.enqueue_time = now
         ttl = self.config.ttl(band.config)
         item.deadline = now + ttl if ttl > 0 else math.inf
-        slo = slo_ttft_seconds(request)
+        slo = request.slo_ttft
         item.slo_deadline = now + slo if slo is not None else math.inf
 
         cfg = band.config

@@ -31,6 +31,8 @@ from epp.scheduling.framework import SchedulingResult
 
 log = logging.getLogger("epp.flowcontrol")
 
+STATE_KEY = "flow-control"  # the request's dispatched QueueItem, in `InferenceRequest.state`
+
 
 class FlowControlAdmission(Admission):
     def __init__(self, controller: FlowController, *, tick: float = 0.05, datastore: Datastore | None = None,
@@ -41,7 +43,6 @@ class FlowControlAdmission(Admission):
         self.tick = tick
         self.datastore = datastore
         self.metrics = metrics
-        self._dispatched: dict[int, QueueItem] = {}  # id(request) -> item, until `completed`
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._sleep_until = math.inf  # when the loop runs its next cycle unless woken (controller clock)
@@ -101,16 +102,15 @@ class FlowControlAdmission(Admission):
         return ending.result
 
     def completed(self, request: InferenceRequest, usage: Usage | None) -> None:
-        item = self._dispatched.get(id(request))
-        if item is None or item.request is not request:
+        item = request.state.pop(STATE_KEY, None)
+        if item is None:
             return
-        del self._dispatched[id(request)]
         self.controller.complete(item, usage)
         self.wake()
 
     def body_fields(self, request: InferenceRequest) -> dict[str, Any]:
-        item = self._dispatched.get(id(request))
-        if item is None or item.request is not request or item.engine_priority is None:
+        item = request.state.get(STATE_KEY)
+        if item is None or item.engine_priority is None:
             return {}
         return {"priority": item.engine_priority}
 
@@ -120,7 +120,7 @@ class FlowControlAdmission(Admission):
         for ending in endings:
             item = ending.item
             if ending.outcome is Outcome.DISPATCHED and ending.error is None:
-                self._dispatched[id(item.request)] = item
+                item.request.state[STATE_KEY] = item  # until `completed`
             waiter = item.waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(ending)

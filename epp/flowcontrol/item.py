@@ -19,7 +19,6 @@ from epp.errors import EppError
 from epp.flowcontrol.admission import ScheduleFn
 from epp.scheduling.framework import SchedulingResult
 
-SLO_TTFT_HEADER = "x-slo-ttft-ms"
 
 
 class Outcome(str, enum.Enum):
@@ -81,17 +80,3 @@ class Ending:
     outcome: Outcome
     result: SchedulingResult | None = None
     error: EppError | None = None
-
-
-def slo_ttft_seconds(request: InferenceRequest) -> float | None:
-    """The request's TTFT objective from `x-slo-ttft-ms`, in seconds; None if absent or invalid."""
-    raw = request.headers.get(SLO_TTFT_HEADER)
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    if not math.isfinite(value) or value < 0:
-        return None
-    return value / 1000.0

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from epp.config.params import ConfigError
+from epp.params import ConfigError
 from epp.datastore import Datastore
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha2"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from epp.api.request import InferenceRequest
-from epp.config.params import Params
+from epp.params import Params
 from epp.datastore import Endpoint
 from epp.flowcontrol.saturation import SATURATED, SaturationDetector
 from epp.scheduling.framework import CycleState, Filter

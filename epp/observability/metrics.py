@@ -7,9 +7,7 @@ when Prometheus scrapes, from the datastore, so they are never older than the sc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -21,8 +19,6 @@ from epp.api.response import Usage
 from epp.datastore import Datastore, Endpoint
 from epp.plugin import Plugin
 
-if TYPE_CHECKING:
-    from epp.requestcontrol.director import RequestRecord
 
 _DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20,
                      30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600)
@@ -270,12 +266,11 @@ class EppMetrics:
     def running_changed(self, model: str, delta: int) -> None:
         self.running_requests.labels(model).inc(delta)
 
-    def request_finished(self, record: RequestRecord, usage: Usage | None, response_bytes: int) -> None:
-        request = record.request
-        if request.body is None or record.error_code:
+    def request_finished(self, request: InferenceRequest, usage: Usage | None, response_bytes: int,
+                         elapsed: float) -> None:
+        if request.body is None:
             return
         labels = (request.model, request.target_model)
-        elapsed = time.monotonic() - record.start
         self.request_duration.labels(*labels).observe(elapsed)
         if response_bytes:
             self.response_sizes.labels(*labels).observe(response_bytes)

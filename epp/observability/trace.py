@@ -13,12 +13,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from epp.api.headers import DEBUG_DECISION
 from epp.api.request import InferenceRequest
 from epp.scheduling.framework import SchedulingResult
 
 log = logging.getLogger("epp.decision")
 
-DEBUG_HEADER = "x-epp-decision"
+DEBUG_HEADER = DEBUG_DECISION
 
 
 @dataclass(slots=True)

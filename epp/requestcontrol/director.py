@@ -19,8 +19,8 @@ from epp.api.response import Usage
 from epp.datastore import Datastore, Endpoint, split_host_port
 from epp.errors import Code, EppError
 from epp.flowcontrol.admission import Admission
-from epp.observability.metrics import EppMetrics
 from epp.observability.trace import DecisionRecord, DecisionTrace
+from epp.requestcontrol.sink import RequestMetricsSink
 from epp.scheduling.framework import PreRequest, ResponseComplete, ResponseReceived, SchedulingResult
 from epp.scheduling.scheduler import Scheduler
 
@@ -61,7 +61,7 @@ class Director:
         pre_request: list[PreRequest] | None = None,
         response_received: list[ResponseReceived] | None = None,
         response_complete: list[ResponseComplete] | None = None,
-        metrics: EppMetrics | None = None,
+        metrics: RequestMetricsSink | None = None,
         subset_filter: bool = True,
         rng: random.Random | None = None,
         trace: DecisionTrace | None = None,
@@ -230,4 +230,6 @@ class Director:
         if self.metrics:
             if endpoint is not None:
                 self.metrics.running_changed(record.request.model, -1)
-            self.metrics.request_finished(record, usage, response_bytes)
+            if not record.error_code:
+                self.metrics.request_finished(record.request, usage, response_bytes,
+                                              time.monotonic() - record.start)

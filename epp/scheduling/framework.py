@@ -95,6 +95,9 @@ class ProfileResult:
 class SchedulingResult:
     primary_profile: str
     profiles: dict[str, ProfileResult]
+    # The cycle that produced it: what the producers computed for this request, which the
+    # request-lifecycle hooks (`PreRequest`) read instead of keeping tables of their own.
+    cycle: CycleState = field(default_factory=CycleState)
 
     @property
     def targets(self) -> list[Endpoint]:

@@ -101,4 +101,6 @@ class Scheduler:
                 results[name] = result if result.targets else None
                 if not result.targets:
                     cycle.data.setdefault("failed_profiles", {})[name] = result.filtered_by
-        return self.handler.process_results(cycle, request, results)
+        result = self.handler.process_results(cycle, request, results)
+        result.cycle = cycle
+        return result

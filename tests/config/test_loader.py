@@ -8,7 +8,7 @@ import pytest
 
 from epp.config.defaults import REFERENCE_DEFAULT_CONFIG
 from epp.config.loader import load_config, load_config_file
-from epp.config.params import ConfigError
+from epp.params import ConfigError
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
 from epp.datalayer.metrics_data_source import MetricsDataSource
 from epp.datastore import Datastore

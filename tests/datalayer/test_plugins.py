@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 from epp.datalayer import PLUGIN_CLASSES
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
 from epp.datalayer.extract import extract_metrics

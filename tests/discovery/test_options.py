@@ -79,9 +79,10 @@ def test_leader_election_flags_are_checked(kubeconfig: str) -> None:
     from epp.discovery.leader import leader_elector
 
     with pytest.raises(SystemExit, match="renew deadline"):
-        leader_elector(Options(pool_name="p", kubeconfig=kubeconfig, ha_enable_leader_election=True,
-                               ha_lease_duration=5.0, ha_renew_deadline=10.0))
-    elector = leader_elector(Options(pool_name="p", pool_namespace="ns", kubeconfig=kubeconfig))
+        leader_elector(pool_namespace="", pool_name="p", kubeconfig=kubeconfig, lease_duration=5.0,
+                       renew_deadline=10.0, retry_period=2.0)
+    elector = leader_elector(pool_namespace="ns", pool_name="p", kubeconfig=kubeconfig, lease_duration=15.0,
+                             renew_deadline=10.0, retry_period=2.0)
     assert elector.name == "epp-ns-p.gateway-api-inference-extension.sigs.k8s.io" and elector.namespace == "ns"
 
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from epp.api.request import Api, InferenceRequest
+from epp.api.headers import SLO_TTFT
+from epp.api.request import Api, InferenceRequest, slo_seconds
 from epp.api.response import Usage
 from epp.config.loader import load_config
 from epp.datastore import Datastore, Endpoint, EndpointSpec
@@ -86,6 +87,7 @@ def request(flow: str = "default-flow", *, priority: int = 0, prompt: str = "x" 
         request_id=f"r{next(_ids)}", api=Api.COMPLETIONS, model=model, target_model=model,
         body={"model": model, "prompt": prompt}, prompt=prompt.encode(), max_tokens=max_tokens,
         headers=headers or {}, priority=priority, fairness_id=flow, body_size=size,
+        slo_ttft=slo_seconds(headers or {}, SLO_TTFT),
     )
 
 

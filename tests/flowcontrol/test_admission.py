@@ -10,7 +10,7 @@ import pytest
 from epp.api.response import Usage
 from epp.config.loader import load_config
 from epp.datastore import Datastore
-from epp.flowcontrol.flow_admission import FlowControlAdmission
+from epp.flowcontrol.flow_admission import STATE_KEY, FlowControlAdmission
 from epp.flowcontrol.item import ItemState
 from epp.requestcontrol.director import Director
 from epp.scheduling.framework import PreRequest, SchedulingResult
@@ -47,7 +47,6 @@ class Rig:
         assert self.endpoint.inflight_requests == 0 and self.endpoint.inflight_tokens == 0
         assert len(self.controller) == 0 and self.controller.inflight == 0
         assert all(band.flows == {} for band in self.controller.bands())
-        assert self.admission._dispatched == {}
 
 
 async def test_late_binding_wakes_the_next_request_when_one_finishes() -> None:
@@ -129,10 +128,11 @@ async def test_usage_from_the_response_corrects_the_token_charge() -> None:
     try:
         req = request("a", max_tokens=50)
         _, record = await rig.director.handle_request(req)
-        [item] = list(rig.admission._dispatched.values())
+        item = req.state[STATE_KEY]
         assert item.charged == req.prompt_tokens_estimate + 2 * 50
         rig.director.release(record, Usage(prompt_tokens=7, completion_tokens=3))
         assert item.charged == 7 + 2 * 3
+        assert STATE_KEY not in req.state
         rig.assert_nothing_held()
     finally:
         await rig.admission.stop()

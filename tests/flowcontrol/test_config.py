@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.config.loader import load_config
-from epp.config.params import ConfigError
+from epp.params import ConfigError
 from epp.datastore import Datastore
 from epp.flowcontrol.config import DEFAULT_BAND_MAX_BYTES
 from epp.flowcontrol.gate import DispatchGate

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.config.params import Params
+from epp.params import Params
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
 from epp.datalayer.engines import BUILTIN_ENGINES
 from epp.datalayer.extract import extract_metrics

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 from epp.datastore import Datastore
 from epp.scheduling.plugins.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.random_picker import RandomPicker

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
 from epp.scheduling.framework import ProfileResult, SchedulerProfile, SchedulingResult, WeightedScorer
 from epp.scheduling.plugins.approx_prefix_cache_producer import (
@@ -117,16 +117,20 @@ def test_prefill_profile_target_is_recorded_too() -> None:
     assert sorted(producer.index.servers()) == sorted(ep.address for ep in eps)
 
 
-def test_pending_state_is_consumed_and_bounded() -> None:
-    eps = [endpoint("10.0.0.1")]
+def test_the_match_lives_in_the_cycle_not_in_the_plugin() -> None:
+    """pre_request reads the match its own cycle computed; the producer keeps no request table."""
+    eps = [endpoint("10.0.0.1"), endpoint("10.0.0.2")]
     producer = ApproxPrefixCacheProducer()
-    for i in range(5000):
-        producer.prepare(cycle(), request(SYSTEM, request_id=f"r{i}"), eps)  # never picked
-    assert len(producer._pending) <= 4096
+    for i in range(100):
+        producer.prepare(cycle(), request(SYSTEM, request_id=f"r{i}"), eps)  # never picked: nothing kept
+    assert not [k for k, v in vars(producer).items() if isinstance(v, dict) and len(v) >= 100]
     req = request(SYSTEM, request_id="last")
-    producer.prepare(cycle(), req, eps)
-    producer.pre_request(req, SchedulingResult("d", {"d": ProfileResult(targets=eps)}))
-    assert "last" not in producer._pending
+    state = cycle()
+    producer.prepare(state, req, eps)
+    match = state.data[producer.name]
+    producer.pre_request(req, SchedulingResult("d", {"d": ProfileResult(targets=[eps[1]])}, cycle=state))
+    assert producer.index.servers() == [eps[1].address]
+    assert producer.index.match(match.hashes) == {eps[1].address: match.total}
 
 
 def test_autotune_reads_block_size_from_first_candidate_and_capacity_per_endpoint() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 from epp.datastore import Datastore
 from epp.flowcontrol.concurrency_detector import ConcurrencyDetector
 from epp.flowcontrol.saturation import SaturationDetector

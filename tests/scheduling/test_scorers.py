@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 from epp.datastore import Datastore
 from epp.scheduling.plugins.active_request_scorer import ActiveRequestScorer
 from epp.scheduling.plugins.kv_cache_utilization_scorer import KvCacheUtilizationScorer

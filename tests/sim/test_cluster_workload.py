@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from epp.config.params import ConfigError
+from epp.params import ConfigError
 from epp.sim.cluster.dist import parse_dist
 from epp.sim.cluster.traffic import Traffic, arrival_times
 from epp.sim.cluster.workload import builtin_names, load_workload, parse_workload

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from epp.config.params import Params
+from epp.params import Params
 from epp.flowcontrol.policy import UsageLimitPolicy
 
 if TYPE_CHECKING:

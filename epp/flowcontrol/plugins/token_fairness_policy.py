@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epp.api.response import Usage
-from epp.config.params import Params
+from epp.params import Params
 from epp.flowcontrol.item import QueueItem
 from epp.flowcontrol.item_queue import ItemQueue
 from epp.flowcontrol.policy import FairnessPolicy, FairnessQueue, OrderingPolicy

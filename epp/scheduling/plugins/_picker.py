@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from epp.config.params import Params
+from epp.params import Params
 from epp.scheduling.framework import Picker
 
 if TYPE_CHECKING:
@@ -30,4 +30,4 @@ class CountedPicker(Picker):
     def from_config(cls, name: str, params: Params, ctx: PluginContext) -> CountedPicker:
         max_endpoints = params.int("maxNumOfEndpoints", 1, min=1)
         params.done()
-        return cls(name, max_endpoints)
+        return cls(name, max_endpoints, ctx.rng(name))

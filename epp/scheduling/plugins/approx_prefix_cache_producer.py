@@ -11,13 +11,12 @@ benefits before any response arrives. Endpoints that leave the datastore leave t
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from epp.api.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.config.params import Params
+from epp.params import Params
 from epp.datastore import Datastore, Endpoint
 from epp.scheduling.framework import CycleState, DataProducer, PreRequest, SchedulingResult
 from epp.scheduling.plugins._prefix_hash import block_hashes
@@ -35,11 +34,6 @@ PARAMETER_NAMES = (
     "maxPrefixTokensToMatch",
     "lruCapacityPerServer",
 )
-_PENDING_LIMIT = 4096  # matches kept between prepare and pre_request; bounded so failures can't leak
-
-
-def _scope(request: InferenceRequest) -> str:
-    return request.target_model + "\x00" + request.cache_salt
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,8 +70,6 @@ class PrefixMatch:
     hashes: list[int]
     matched: dict[str, int]  # endpoint address -> blocks matched
     block_size_tokens: int
-    prompt_len: int = 0  # with `scope`, tells pre_request the match is this request's
-    scope: str = ""  # target model and cache salt
 
     @property
     def total(self) -> int:
@@ -106,7 +98,6 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         super().__init__(name)
         self.config = config or PrefixCacheConfig()
         self.index = PrefixIndex()
-        self._pending: OrderedDict[str, PrefixMatch] = OrderedDict()
         self._stats = PrefixCacheStats()
         # Set by the runner: (hit ratio, hit bytes) of each pick, for the reference's histograms.
         self.observer: Callable[[float, int], None] | None = None
@@ -163,28 +154,19 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
             hashes=hashes,
             matched=self.index.match(hashes) if hashes else {},
             block_size_tokens=block_tokens,
-            prompt_len=len(request.prompt),
-            scope=_scope(request),
         )
 
     def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
-        match = self.lookup(request, endpoints)
-        cycle.data[self.name] = match
-        pending = self._pending
-        pending[request.request_id] = match
-        pending.move_to_end(request.request_id)
-        while len(pending) > _PENDING_LIMIT:
-            pending.popitem(last=False)
+        cycle.data[self.name] = self.lookup(request, endpoints)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         primary = result.profiles.get(result.primary_profile)
         if primary is None or not primary.targets:
-            self._pending.pop(request.request_id, None)
             return
         target = primary.targets[0]
-        match = self._pending.pop(request.request_id, None)
-        if match is None or match.prompt_len != len(request.prompt) or match.scope != _scope(request):
-            match = self.lookup(request, [target])  # not prepared by us (or an id clash): recompute
+        match = result.cycle.data.get(self.name)
+        if not isinstance(match, PrefixMatch):
+            match = self.lookup(request, [target])  # the cycle did not run this producer
         if not match.hashes:
             return
         targets = [target]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epp.api.request import InferenceRequest
-from epp.config.params import Params
+from epp.params import Params
 from epp.datastore import Endpoint
 from epp.scheduling.framework import CycleState, Scorer
 

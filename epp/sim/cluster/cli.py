@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from epp.config.params import ConfigError, parse_duration
+from epp.params import ConfigError, parse_duration
 
 if TYPE_CHECKING:
     from epp.sim.cluster.simulate import EppArm
@@ -107,10 +107,10 @@ def _seconds(text: str) -> float:
 
 def _arm(path: str, count: int) -> EppArm:
     """An EPP arm from a config file, validated now (with the field path) rather than mid-run."""
-    from epp.config.loader import load_config
+    from epp.core import build_core
     from epp.datastore import Datastore
     from epp.sim.cluster.simulate import EppArm
 
     text = Path(path).read_text()
-    load_config(text, Datastore())
+    build_core(Datastore(), text, tick=0.05)
     return EppArm(name="epp" if count == 1 else f"epp:{Path(path).stem}", config_text=text)

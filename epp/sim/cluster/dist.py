@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 
 KINDS = ("constant", "uniform", "normal", "lognormal", "exponential", "pareto", "choice", "mix")
 

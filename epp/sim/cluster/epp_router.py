@@ -14,21 +14,17 @@ Pickers are reseeded from the run seed, so a run is reproducible.
 
 from __future__ import annotations
 
-import random
 from typing import TYPE_CHECKING
 
 import orjson
 
+from epp.api.headers import FAIRNESS_ID, OBJECTIVE, SLO_TTFT
 from epp.api.request import parse_request
 from epp.api.response import Usage
-from epp.config.loader import LoadedConfig, load_config
+from epp.core import build_core
 from epp.datastore import Datastore, Endpoint, EndpointMetrics, EndpointSpec
-from epp.extproc.stream import DEFAULT_FAIRNESS_ID, FAIRNESS_ID, OBJECTIVE
-from epp.flowcontrol.factory import build_admission
 from epp.flowcontrol.flow_admission import FlowControlAdmission
-from epp.flowcontrol.item import SLO_TTFT_HEADER
-from epp.requestcontrol.director import Director, RequestRecord
-from epp.scheduling.plugins._picker import CountedPicker
+from epp.requestcontrol.director import RequestRecord
 from epp.sim.cluster.routers import Router
 from epp.sim.cluster.traffic import Job
 
@@ -68,21 +64,14 @@ class EppRouter(Router):
             self.endpoints.append(ep)
             self._index[ep.address] = i
         self.datastore.synced = True
-        self.config: LoadedConfig = load_config(self.config_text, self.datastore)
-        for name, plugin in self.config.plugins.items():
-            if isinstance(plugin, CountedPicker):
-                plugin.rng = random.Random(f"{self.seed}:picker:{name}")
         workload = cluster.workload
         for objective, priority in workload.all_objectives().items():
             self.datastore.set_objective(objective, priority)
+        core = build_core(self.datastore, self.config_text, tick=self.refresh_interval, seed=self.seed)
+        self.config = core.config
+        self.admission = core.admission
+        self.director = core.director
         self.wants_metrics = self.config.data_layer is not None
-        self.admission = build_admission(self.config.flow_control_config, self.config.saturation_detector,
-                                         self.datastore, tick=self.refresh_interval)
-        self.director = Director(
-            self.datastore, self.config.scheduler, self.admission,
-            pre_request=self.config.pre_request, response_received=self.config.response_received,
-            response_complete=self.config.response_complete, rng=random.Random(f"{self.seed}:director"),
-        )
         # Per class: the headers its requests carry.
         self.classes = []
         for spec in workload.classes:
@@ -90,7 +79,7 @@ class EppRouter(Router):
             if spec.objective:
                 headers[OBJECTIVE] = spec.objective
             if spec.slo_ttft is not None:
-                headers[SLO_TTFT_HEADER] = str(int(spec.slo_ttft * 1000))
+                headers[SLO_TTFT] = str(int(spec.slo_ttft * 1000))
             self.classes.append(headers)
         self._model = workload.model
 
@@ -118,8 +107,6 @@ class EppRouter(Router):
         if job.tenant:
             headers[FAIRNESS_ID] = job.tenant
         request = parse_request(orjson.dumps(body), path=COMPLETIONS, request_id=str(job.id), headers=headers)
-        request.objective = headers.get(OBJECTIVE, "")
-        request.fairness_id = headers.get(FAIRNESS_ID) or DEFAULT_FAIRNESS_ID
         decision, record = await self.director.handle_request(request)
         job.handle = record
         if decision.body is not None and job.request is not None:

@@ -51,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from epp.config.params import ConfigError, Params
+from epp.params import ConfigError, Params
 from epp.sim.cluster.dist import Dist, constant, parse_dist
 from epp.sim.config import EngineConfig, SimConfig
 

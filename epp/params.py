@@ -1,4 +1,8 @@
-"""Strict, typed reading of a plugin's `parameters` map, with errors that name the field path."""
+"""Strict, typed reading of a plugin's `parameters` map, with errors that name the field path.
+
+A leaf module: every layer's plugins read their parameters through it, so none of them imports
+`epp.config` (which composes them all).
+"""
 
 from __future__ import annotations
 

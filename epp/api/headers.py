@@ -1,0 +1,29 @@
+"""Every HTTP header and metadata key the EPP reads or writes, in one place.
+
+The ext_proc stream, the request parser and the virtual-time simulator all take their names
+from here, so what `epp simulate` runs can never drift from what `epp serve` runs.
+"""
+
+from __future__ import annotations
+
+# Client (or gateway) → EPP: request control.
+FAIRNESS_ID = "x-gateway-inference-fairness-id"
+OBJECTIVE = "x-gateway-inference-objective"
+MODEL_REWRITE = "x-gateway-model-name-rewrite"
+REQUEST_ID = "x-request-id"
+SLO_TTFT = "x-slo-ttft-ms"  # time-to-first-token objective, milliseconds
+SLO_TPOT = "x-slo-tpot-ms"  # time-per-output-token (inter-token) objective, milliseconds (llm-d's name)
+DEFAULT_FAIRNESS_ID = "default-flow"
+
+# Where the request path is found, in order (the reference's fallbacks).
+PATH_HEADERS = (":path", "x-original-path", "x-forwarded-path")
+
+# EPP → proxy: the pick, as a header and as `envoy.lb` dynamic metadata.
+DESTINATION = "x-gateway-destination-endpoint"
+DESTINATION_SERVED = "x-gateway-destination-endpoint-served"
+DESTINATION_SUBSET = "x-gateway-destination-endpoint-subset"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+
+# EPP → client, with --debug-decision-header.
+DEBUG_DECISION = "x-epp-decision"

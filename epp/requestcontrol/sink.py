@@ -1,0 +1,32 @@
+"""What request control reports to the observability layer.
+
+A structural protocol, like flow control's (`epp.flowcontrol.sink`): the director never imports
+Prometheus, and the simulator passes its own recorder or nothing.
+`epp.observability.metrics.EppMetrics` implements it with the reference's metric names.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from epp.api.request import InferenceRequest
+from epp.api.response import Usage
+from epp.datastore import Endpoint
+
+
+class RequestMetricsSink(Protocol):
+    def request_received(self, request: InferenceRequest) -> None:
+        """A request with a body was parsed (counted before admission)."""
+
+    def request_error(self, request: InferenceRequest, code: str) -> None:
+        """A request ended with an error (`code` is an `epp.errors.Code` value)."""
+
+    def scheduled(self, request: InferenceRequest, endpoint: Endpoint | None, seconds: float) -> None:
+        """A scheduling cycle ended with a pick (or none); `seconds` is its wall time."""
+
+    def running_changed(self, model: str, delta: int) -> None:
+        """Requests running for `model` changed by `delta`."""
+
+    def request_finished(self, request: InferenceRequest, usage: Usage | None, response_bytes: int,
+                         elapsed: float) -> None:
+        """A request was served without error; `elapsed` seconds from its arrival to its end."""
