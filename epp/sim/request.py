@@ -1,7 +1,8 @@
 """One request as the engine sees it: token counts, block hashes, state and timestamps.
 
-Tokens are never materialised: the engine only needs how many there are and the chained hashes
-of the full prompt blocks (for prefix caching). That keeps per-step work per request O(1).
+The engine's per-step work needs only token counts and the chained hashes of the full prompt
+blocks (for prefix caching), so per-step work per request stays O(1); the prompt's token ids ride
+along for the KV events a real server publishes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class Request:
     lora: str | None = None
     # Distinguishes this request's output blocks from every other request's in the prefix cache.
     salt: int = 0
+    # The prompt's token ids (what KV events publish per stored block); None for requests built
+    # from bare sizes. `block_hashes` are computed from them (`block_hash.hash_blocks`).
+    prompt_token_ids: array | None = None
+    cache_salt: str | None = None
     # Free slot for the caller (e.g. the HTTP stream waiting on this request); the engine ignores it.
     user_data: object = None
 
