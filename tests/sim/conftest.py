@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+
+def _find_shared() -> Path:
+    """`shared/` beside the checkout (or beside the main checkout, for a git worktree)."""
+    repo = Path(__file__).resolve().parents[2]
+    candidates = [repo.parent / "shared"]
+    try:
+        common = subprocess.run(["git", "rev-parse", "--git-common-dir"], cwd=repo, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        if common:
+            candidates.append((repo / common).resolve().parent.parent / "shared")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+SHARED = _find_shared()
 FIXTURES = SHARED / "fixtures" / "vllm-cpu-0.32"
 
 
