@@ -9,10 +9,10 @@ import pytest
 from epp.params import ConfigError, Params
 from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
 from epp.scheduling.framework import ProfileResult, SchedulerProfile, SchedulingResult, WeightedScorer
+from epp.scheduling.prefix_match import PrefixMatch
 from epp.scheduling.plugins.approx_prefix_cache_producer import (
     ApproxPrefixCacheProducer,
     PrefixCacheConfig,
-    PrefixMatch,
 )
 from epp.scheduling.plugins.max_score_picker import MaxScorePicker
 from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheScorer

@@ -19,6 +19,7 @@ from epp.api.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.params import Params
 from epp.datastore import Datastore, Endpoint
 from epp.scheduling.framework import CycleState, DataProducer, PreRequest, SchedulingResult
+from epp.scheduling.prefix_match import PrefixMatch
 from epp.scheduling.plugins._prefix_hash import block_hashes
 from epp.scheduling.plugins._prefix_index import PrefixIndex
 
@@ -61,19 +62,6 @@ class PrefixCacheConfig:
             max_prefix_tokens=params.int("maxPrefixTokensToMatch", 0, min=0),
             lru_capacity_per_server=params.int("lruCapacityPerServer", 31250, min=1),
         )
-
-
-@dataclass(slots=True)
-class PrefixMatch:
-    """One request's prefix lookup, shared by the scorer (this cycle) and `pre_request` (after)."""
-
-    hashes: list[int]
-    matched: dict[str, int]  # endpoint address -> blocks matched
-    block_size_tokens: int
-
-    @property
-    def total(self) -> int:
-        return len(self.hashes)
 
 
 @dataclass(slots=True)
@@ -151,9 +139,10 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
             self.max_blocks(block_tokens),
         )
         return PrefixMatch(
-            hashes=hashes,
-            matched=self.index.match(hashes) if hashes else {},
+            total=len(hashes),
             block_size_tokens=block_tokens,
+            matched=self.index.match(hashes) if hashes else {},
+            hashes=hashes,
         )
 
     def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:

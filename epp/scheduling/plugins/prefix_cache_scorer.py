@@ -21,8 +21,8 @@ from epp.scheduling.plugins.approx_prefix_cache_producer import (
     PARAMETER_NAMES,
     ApproxPrefixCacheProducer,
     PrefixCacheConfig,
-    PrefixMatch,
 )
+from epp.scheduling.prefix_match import PrefixMatch
 
 if TYPE_CHECKING:
     from epp.plugin import PluginContext
@@ -64,8 +64,6 @@ class PrefixCacheScorer(Scorer):
 
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         match = cycle.data.get(self.producer.name) if self.producer is not None else None
-        if not isinstance(match, PrefixMatch) or not match.hashes:
+        if not isinstance(match, PrefixMatch) or not match.total:
             return [0.0] * len(endpoints)
-        total = float(match.total)
-        matched = match.matched
-        return [matched.get(ep.address, 0) / total for ep in endpoints]
+        return [match.ratio(ep.address) for ep in endpoints]
