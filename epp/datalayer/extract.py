@@ -5,27 +5,49 @@ newest exposition timestamp wins (first one on a tie, e.g. when no timestamps ar
 LoRA the series with the largest *value* (a creation time) wins. Fields not found keep their
 previous value, and the result exists only if at least one field was read, so `update_time`
 advances only on a useful scrape. A missing LoRA metric is normal (LoRA off) and not reported.
+
+Every value read is checked against its kind's bounds (`validate`). One value out of bounds makes
+the whole scrape invalid: `Extraction.metrics` is None and `invalid` says which metric and why,
+so the endpoint keeps its previous (valid) metrics and nothing is clamped. The model names the
+server reports (the `model_name` label on the series read) are kept in `EndpointMetrics.models`:
+they tell the EPP's own metrics which names this pool serves.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from epp.datalayer.engines import EngineMapping, Specs
 from epp.datalayer.promparse import LineCache, Sample, parse_wanted
+from epp.datalayer.validate import (
+    Invalid,
+    block_size_error,
+    count_error,
+    fraction_error,
+    limit_error,
+    names_error,
+    num_blocks_error,
+    total_error,
+)
 from epp.datastore import EndpointMetrics
 
 _NO_TIMESTAMP = -math.inf
+MODEL_LABEL = "model_name"  # the label vLLM and SGLang put the served model's name in
+
+Check = Callable[[float], str]
 
 
 @dataclass(slots=True, frozen=True)
 class Extraction:
-    """`metrics` is None when nothing could be read; `problems` names what was missing or bad."""
+    """`metrics` is None when nothing could be read or a value was out of bounds; `problems`
+    names what was missing or unreadable, `invalid` what was out of bounds."""
 
     metrics: EndpointMetrics | None
     problems: tuple[str, ...] = ()
+    invalid: tuple[Invalid, ...] = ()
 
 
 def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetrics, now: float,
@@ -38,46 +60,69 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
         samples.update(parse_wanted(body, mapping.fallback, cache))
     found: dict[str, Any] = {}
     problems: list[str] = []
+    invalid: list[Invalid] = []
 
-    for specs, key in ((mapping.queued, "waiting_queue_size"), (mapping.running, "running_requests")):
-        value = _latest_value(specs, samples, problems)
+    for specs, key, check in ((mapping.queued, "waiting_queue_size", count_error),
+                              (mapping.running, "running_requests", count_error),
+                              (mapping.kv_usage, "kv_cache_usage", fraction_error)):
+        value = _latest_value(specs, samples, problems, check, invalid)
         if value is not None:
-            found[key] = max(0, int(value))
-    value = _latest_value(mapping.kv_usage, samples, problems)
-    if value is not None:
-        found["kv_cache_usage"] = value
+            found[key] = value if check is fraction_error else int(value)
+    models = _model_names((mapping.queued, mapping.running, mapping.kv_usage), samples)
+    if models:
+        error = names_error(models, "model name")
+        if error:
+            invalid.append(Invalid(MODEL_LABEL, error))
+        else:
+            found["models"] = models
 
     if mapping.lora:
         lora = _largest(mapping.lora, samples)
         if lora is not None:
-            _read_lora(lora, found, problems)
+            _read_lora(lora, found, problems, invalid)
 
     if mapping.cache_info:
         info = _latest(mapping.cache_info, samples)
         if info is None:
             problems.append(f"{_describe(mapping.cache_info)}: not found")
         else:
-            for label, key in ((mapping.cache_block_size_label, "cache_block_size"),
-                               (mapping.cache_num_blocks_label, "cache_num_blocks")):
-                number = _int_label(info, label, problems)
+            for label, key, check in ((mapping.cache_block_size_label, "cache_block_size", block_size_error),
+                                      (mapping.cache_num_blocks_label, "cache_num_blocks", num_blocks_error)):
+                number = _int_label(info, label, problems, check, invalid)
                 if number is not None:
                     found[key] = number
-    for specs, key in ((mapping.cache_block_size, "cache_block_size"), (mapping.cache_num_blocks, "cache_num_blocks")):
-        value = _latest_value(specs, samples, problems)
+    for specs, key, check in ((mapping.cache_block_size, "cache_block_size", block_size_error),
+                              (mapping.cache_num_blocks, "cache_num_blocks", num_blocks_error)):
+        value = _latest_value(specs, samples, problems, check, invalid)
         if value is not None:
-            found[key] = max(0, int(value))
+            found[key] = int(value)
 
     if mapping.itl:
-        totals = _histogram_totals(mapping.itl, samples)
+        totals = _histogram_totals(mapping.itl, samples, invalid)
         if totals is not None:  # absent is not a problem: the ITL gate then treats it as unknown
             _read_itl(totals, previous, found)
 
+    if invalid:
+        return Extraction(None, tuple(problems), tuple(invalid))
     if not found:
         return Extraction(None, tuple(problems))
     return Extraction(replace(previous, update_time=now, **found), tuple(problems))
 
 
-def _histogram_totals(specs: Specs, samples: dict[str, list[Sample]]) -> tuple[float, float] | None:
+def _model_names(fields: tuple[Specs, ...], samples: dict[str, list[Sample]]) -> frozenset[str]:
+    """The `model_name` label values on the series the fields read (one per engine in vLLM)."""
+    names: set[str] = set()
+    for specs in fields:
+        for spec in specs:
+            for sample in samples.get(spec.name, ()):
+                name = sample.labels.get(MODEL_LABEL)
+                if name and spec.matches(sample.labels):
+                    names.add(name)
+    return frozenset(names)
+
+
+def _histogram_totals(specs: Specs, samples: dict[str, list[Sample]],
+                      invalid: list[Invalid]) -> tuple[float, float] | None:
     """(sum, count) of a histogram over the matching series (engines, models) of the first
     alternative present: the pod-wide mean is what a dispatch decision needs. The fast parser
     reads a name's first contiguous run of lines, so where an exposition interleaves series
@@ -90,8 +135,12 @@ def _histogram_totals(specs: Specs, samples: dict[str, list[Sample]]) -> tuple[f
             continue
         total = sum(s.value for s in sums if spec.matches(s.labels))
         count = sum(s.value for s in counts if spec.matches(s.labels))
-        if math.isfinite(total) and math.isfinite(count):
-            return total, count
+        for name, value in ((f"{spec.name}_sum", total), (f"{spec.name}_count", count)):
+            error = total_error(value)
+            if error:
+                invalid.append(Invalid(name, error))
+                return None
+        return total, count
     return None
 
 
@@ -129,11 +178,12 @@ def _latest(specs: Specs, samples: dict[str, list[Sample]]) -> Sample | None:
 
 
 def _largest(specs: Specs, samples: dict[str, list[Sample]]) -> Sample | None:
-    """The matching series with the largest (non-NaN) value: the newest LoRA state."""
+    """The matching series with the largest finite value: the newest LoRA state (the value is
+    only a creation time that picks the series, never a signal)."""
     for spec in specs:
         best: Sample | None = None
         for sample in samples.get(spec.name, ()):
-            if spec.matches(sample.labels) and not math.isnan(sample.value) \
+            if spec.matches(sample.labels) and math.isfinite(sample.value) \
                     and (best is None or sample.value > best.value):
                 best = sample
         if best is not None:
@@ -141,24 +191,32 @@ def _largest(specs: Specs, samples: dict[str, list[Sample]]) -> Sample | None:
     return None
 
 
-def _latest_value(specs: Specs, samples: dict[str, list[Sample]], problems: list[str]) -> float | None:
+def _latest_value(specs: Specs, samples: dict[str, list[Sample]], problems: list[str], check: Check,
+                  invalid: list[Invalid]) -> float | None:
+    """The field's value, or None when it is absent (a problem) or out of bounds (invalid)."""
     if not specs:
         return None
     sample = _latest(specs, samples)
     if sample is None:
         problems.append(f"{_describe(specs)}: not found")
         return None
-    if not math.isfinite(sample.value):
-        problems.append(f"{sample.name}: value is {sample.value}")
+    error = check(sample.value)
+    if error:
+        invalid.append(Invalid(sample.name, error))
         return None
     return sample.value
 
 
-def _read_lora(sample: Sample, found: dict[str, Any], problems: list[str]) -> None:
-    found["active_models"] = _adapters(sample.labels.get("running_lora_adapters", ""))
-    found["waiting_models"] = _adapters(sample.labels.get("waiting_lora_adapters", ""))
+def _read_lora(sample: Sample, found: dict[str, Any], problems: list[str], invalid: list[Invalid]) -> None:
+    for label, key in (("running_lora_adapters", "active_models"), ("waiting_lora_adapters", "waiting_models")):
+        adapters = _adapters(sample.labels.get(label, ""))
+        error = names_error(adapters, "LoRA adapter name")
+        if error:
+            invalid.append(Invalid(sample.name, f"{label}: {error}"))
+        else:
+            found[key] = adapters
     if sample.labels.get("max_lora"):
-        max_lora = _int_label(sample, "max_lora", problems)
+        max_lora = _int_label(sample, "max_lora", problems, limit_error, invalid)
         if max_lora is not None:
             found["max_active_models"] = max_lora
 
@@ -169,16 +227,26 @@ def _adapters(csv: str) -> frozenset[str]:
     return frozenset(name for name in (part.strip() for part in csv.split(",")) if name)
 
 
-def _int_label(sample: Sample, label: str, problems: list[str]) -> int | None:
+def _int_label(sample: Sample, label: str, problems: list[str], check: Check,
+               invalid: list[Invalid]) -> int | None:
+    """An integer label: absent or not a number is a problem (vLLM writes "None" before it knows),
+    a number out of bounds is invalid."""
     text = sample.labels.get(label)
     if text is None:
         problems.append(f"{sample.name}: no label {label}")
         return None
     try:
-        return max(0, int(text))
+        number = int(text) if len(text) <= 32 else None
     except ValueError:
+        number = None
+    if number is None:
         problems.append(f"{sample.name}: label {label}={text[:32]!r} is not an integer")
         return None
+    error = check(float(number))
+    if error:
+        invalid.append(Invalid(sample.name, f"label {label}: {error}"))
+        return None
+    return number
 
 
 def _describe(specs: Specs) -> str:

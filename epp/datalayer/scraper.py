@@ -7,7 +7,10 @@ would otherwise be a TCP handshake every 50 ms).
 
 On success the endpoint gets a *new* immutable `EndpointMetrics` (readers never see half an
 update); on failure its old metrics stay, so they age and the staleness checks downstream see it.
-Errors are logged once when they start and once when they clear, never per poll.
+A scrape with a value out of bounds (`validate`) is a failure too, and also marks the endpoint
+`metrics_valid = False` until a valid scrape arrives; `ScrapeStats.invalid` counts such scrapes
+per metric for the EPP's own metrics. Errors are logged once when they start, once when they
+change kind and once when they clear, never per poll.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from yarl import URL
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
 from epp.datalayer.metrics_data_source import MetricsDataSource
 from epp.datalayer.promparse import LineCache, MetricsParseError
+from epp.datalayer.validate import Invalid
 from epp.datastore import Datastore, Endpoint
 
 log = logging.getLogger("epp.datalayer")
@@ -45,6 +49,8 @@ class ScrapeStats:
     last_success: float = 0.0  # datastore clock when metrics were last updated
     last_error: str = ""
     problems: tuple[str, ...] = ()  # metrics missing or unreadable in the last good scrape
+    # metric name -> scrapes it made invalid (the names come from the engine mapping: bounded)
+    invalid: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -54,12 +60,21 @@ class _Worker:
     stats: ScrapeStats
     task: asyncio.Task[None] | None = None
     failing: bool = False
+    failure_kind: str = ""  # what the current failure is, to log again when it changes kind
     engine: str = ""  # last engine resolved, to warn once about unknown ones
     lines: LineCache = field(default_factory=dict)
 
 
 class ScrapeFailed(Exception):
     """A poll that produced no metrics; the message becomes `Endpoint.scrape_error`."""
+
+
+class InvalidMetrics(ScrapeFailed):
+    """A poll whose values were out of bounds: the endpoint's metrics are not trusted."""
+
+    def __init__(self, invalid: tuple[Invalid, ...]) -> None:
+        super().__init__("invalid metrics: " + "; ".join(str(i) for i in invalid))
+        self.invalid = invalid
 
 
 class MetricsScraper:
@@ -136,7 +151,9 @@ class MetricsScraper:
         return worker.stats if worker else None
 
     def all_stats(self) -> dict[str, ScrapeStats]:
-        return {address: w.stats for address, w in self._workers.items()}
+        """By endpoint address. Safe to call from another thread (the metrics exposition's): the
+        worker table is copied in one step before it is read."""
+        return {address: w.stats for address, w in self._workers.copy().items()}
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """Scrape tasks still alive, including ones cancelled but not yet finished."""
@@ -193,14 +210,22 @@ class MetricsScraper:
             body = await self._fetch(worker.url)
             self._check_engine(worker)
             result = self.extractor.extract(endpoint, body, self.datastore.clock(), worker.lines)
+            if result.invalid:
+                raise InvalidMetrics(result.invalid)
             if result.metrics is None:
                 raise ScrapeFailed("no metrics found: " + "; ".join(result.problems))
         except asyncio.CancelledError:
             raise
+        except InvalidMetrics as exc:
+            for item in exc.invalid:
+                stats.invalid[item.metric] = stats.invalid.get(item.metric, 0) + 1
+            endpoint.metrics_valid = False
+            self._failed(worker, _describe(exc, self.timeout), exc)
         except Exception as exc:  # any failure is this endpoint's problem only
             self._failed(worker, _describe(exc, self.timeout), exc)
         else:
             endpoint.metrics = result.metrics
+            endpoint.metrics_valid = True
             stats.last_success = result.metrics.update_time
             if result.problems != stats.problems:
                 if result.problems:
@@ -211,6 +236,7 @@ class MetricsScraper:
                 log.info("scraping %s (%s) recovered after %d failed polls",
                          endpoint.name, worker.url, stats.consecutive_errors)
                 worker.failing = False
+                worker.failure_kind = ""
             stats.consecutive_errors = 0
             endpoint.scrape_error = ""
         finally:
@@ -258,11 +284,20 @@ class MetricsScraper:
         stats.consecutive_errors += 1
         stats.last_error = message
         worker.endpoint.scrape_error = message
-        if not worker.failing:
+        kind = _kind(exc)
+        if not worker.failing or kind != worker.failure_kind:
             worker.failing = True
+            worker.failure_kind = kind
             unexpected = not isinstance(exc, (ScrapeFailed, MetricsParseError, aiohttp.ClientError, TimeoutError))
             log.warning("scraping %s (%s) failing: %s", worker.endpoint.name, worker.url, message,
                         exc_info=exc if unexpected else None)
+
+
+def _kind(exc: BaseException) -> str:
+    """A failure's kind, for logging: invalid values name their metrics, others their class."""
+    if isinstance(exc, InvalidMetrics):
+        return "invalid:" + ",".join(sorted({i.metric for i in exc.invalid}))
+    return type(exc).__name__
 
 
 def _describe(exc: BaseException, timeout: float) -> str:

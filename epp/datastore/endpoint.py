@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -37,6 +38,7 @@ class EndpointMetrics:
     waiting_queue_size: int = 0
     running_requests: int = 0
     kv_cache_usage: float = 0.0  # fraction 0..1
+    models: frozenset[str] = frozenset()  # model names the server reports (vLLM's `model_name` label)
     active_models: frozenset[str] = frozenset()  # LoRA adapters running
     waiting_models: frozenset[str] = frozenset()  # LoRA adapters waiting
     max_active_models: int = 0  # max_lora
@@ -74,12 +76,19 @@ class EndpointSpec:
 
 @dataclass(slots=True, eq=False)
 class Endpoint:
-    """A live endpoint. Discovery owns `spec`; the data layer owns `metrics` and `scrape_error`;
-    request control owns the in-flight counters (exact, unlike the scraped signals)."""
+    """A live endpoint. Discovery owns `spec`; the data layer owns `metrics`, `scrape_error` and
+    `metrics_valid`; request control owns the in-flight counters (exact, unlike the scraped
+    signals).
+
+    `metrics_valid` is False while the server's last readable scrape held a value out of bounds
+    (a fraction above 1, a NaN or negative count, ...; `scrape_error` says which): `metrics` then
+    still holds the last valid scrape, ageing, and nothing that reads the pool as a whole
+    (saturation, pool statistics, the candidates of a pick) should trust it."""
 
     spec: EndpointSpec
     metrics: EndpointMetrics = EMPTY_METRICS
     scrape_error: str = ""
+    metrics_valid: bool = True
     inflight_requests: int = 0
     inflight_tokens: int = 0
     labels: dict[str, str] = field(default_factory=dict)
@@ -97,3 +106,11 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"Endpoint({self.spec.address})"
+
+
+def with_valid_metrics(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+    """The endpoints whose metrics are valid, for a pick: a pod reporting garbage is not scored
+    on it (a NaN or negative queue would win every min-max). All of them when none is valid
+    (fail open: a pool whose exporters all misbehave still serves, as with stale metrics)."""
+    valid = [ep for ep in endpoints if ep.metrics_valid]
+    return valid if valid else list(endpoints)

@@ -60,7 +60,7 @@ def test_vllm_fixture_busy() -> None:
     result = extract_metrics(VLLM, fixture_body("busy"), EMPTY_METRICS, now=12.5)
     assert result.problems == ()
     assert result.metrics == EndpointMetrics(
-        waiting_queue_size=8, running_requests=4, kv_cache_usage=14 / 63,
+        waiting_queue_size=8, running_requests=4, kv_cache_usage=14 / 63, models=frozenset({"tiny"}),
         cache_block_size=128, cache_num_blocks=64, update_time=12.5,
     )
 
@@ -139,14 +139,98 @@ def test_nothing_found_gives_no_metrics() -> None:
     assert "vllm:num_requests_waiting: not found" in result.problems
 
 
-def test_non_finite_values_are_not_used() -> None:
+def test_non_finite_values_make_the_scrape_invalid() -> None:
     body = b"vllm:num_requests_waiting NaN\nvllm:num_requests_running +Inf\nvllm:kv_cache_usage_perc 0.5\n"
     previous = EndpointMetrics(waiting_queue_size=1, running_requests=1)
     result = extract_metrics(VLLM, body, previous, now=1.0)
-    assert result.metrics is not None
-    assert (result.metrics.waiting_queue_size, result.metrics.running_requests) == (1, 1)
-    assert result.metrics.kv_cache_usage == 0.5
-    assert any("nan" in p for p in result.problems) and any("inf" in p for p in result.problems)
+    assert result.metrics is None  # nothing of a scrape with garbage in it is used
+    assert [i.metric for i in result.invalid] == ["vllm:num_requests_waiting", "vllm:num_requests_running"]
+    assert "nan" in result.invalid[0].detail and "inf" in result.invalid[1].detail
+
+
+VALID = {"vllm:num_requests_waiting": "2", "vllm:num_requests_running": "3", "vllm:kv_cache_usage_perc": "0.5"}
+
+
+def vllm_body(**values: str) -> bytes:
+    """A vLLM exposition with the three load gauges, some replaced (keys with `:` as `__`)."""
+    merged = dict(VALID)
+    merged.update({k.replace("__", ":"): v for k, v in values.items()})
+    return "".join(f'{name}{{engine="0",model_name="m"}} {value}\n' for name, value in merged.items()).encode()
+
+
+@pytest.mark.parametrize("metric,value", [
+    ("vllm:kv_cache_usage_perc", "1e308"),
+    ("vllm:kv_cache_usage_perc", "85"),  # a percentage: a wrong unit, not "very full"
+    ("vllm:kv_cache_usage_perc", "1.0000001"),
+    ("vllm:kv_cache_usage_perc", "-0.1"),
+    ("vllm:kv_cache_usage_perc", "NaN"),
+    ("vllm:num_requests_waiting", "NaN"),
+    ("vllm:num_requests_waiting", "+Inf"),
+    ("vllm:num_requests_waiting", "-Inf"),
+    ("vllm:num_requests_waiting", "-5e300"),
+    ("vllm:num_requests_waiting", "-1"),
+    ("vllm:num_requests_waiting", "2.5"),  # a count is a whole number
+    ("vllm:num_requests_waiting", "1e12"),
+    ("vllm:num_requests_running", "1e308"),
+    ("vllm:num_requests_running", "-Inf"),
+])
+def test_each_hostile_value_makes_the_scrape_invalid(metric: str, value: str) -> None:
+    previous = EndpointMetrics(waiting_queue_size=1, running_requests=1, kv_cache_usage=0.1, update_time=0.5)
+    result = extract_metrics(VLLM, vllm_body(**{metric.replace(":", "__"): value}), previous, now=1.0)
+    assert result.metrics is None
+    assert [i.metric for i in result.invalid] == [metric]
+
+
+def test_bounds_themselves_are_valid() -> None:
+    body = vllm_body(vllm__kv_cache_usage_perc="1", vllm__num_requests_waiting="0",
+                     vllm__num_requests_running="1000000")
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.invalid == () and result.metrics is not None
+    assert (result.metrics.kv_cache_usage, result.metrics.running_requests) == (1.0, 1_000_000)
+
+
+@pytest.mark.parametrize("labels,why", [
+    ('block_size="0",num_gpu_blocks="64"', "block size"),
+    ('block_size="-16",num_gpu_blocks="64"', "block size"),
+    ('block_size="16",num_gpu_blocks="0"', "block count"),
+    ('block_size="99999999999",num_gpu_blocks="64"', "block size"),
+    ('block_size="16",num_gpu_blocks="99999999999999999"', "block count"),
+])
+def test_cache_info_out_of_bounds_is_invalid(labels: str, why: str) -> None:
+    body = vllm_body() + f"vllm:cache_config_info{{{labels}}} 1\n".encode()
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and why in result.invalid[0].detail
+
+
+def test_lora_labels_are_bounded() -> None:
+    long_name = "a" * 2000
+    body = vllm_body() + f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="{long_name}"}} 1\n'.encode()
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and "2000 characters" in str(result.invalid[0])
+    many = ",".join(f"a{i}" for i in range(5000))
+    body = vllm_body() + f'vllm:lora_requests_info{{max_lora="4",waiting_lora_adapters="{many}"}} 1\n'.encode()
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and "5000" in str(result.invalid[0])
+    body = vllm_body() + b'vllm:lora_requests_info{max_lora="-3",running_lora_adapters="a"} 1\n'
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and "max_lora" in str(result.invalid[0])
+
+
+def test_model_names_are_read_and_bounded() -> None:
+    result = extract_metrics(VLLM, vllm_body(), EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.metrics.models == frozenset({"m"})
+    body = vllm_body().replace(b'model_name="m"', b'model_name="' + b"x" * 5000 + b'"')
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and result.invalid[0].metric == "model_name"
+
+
+def test_inter_token_latency_totals_are_bounded() -> None:
+    body = vllm_body() + b"vllm:inter_token_latency_seconds_sum -4\nvllm:inter_token_latency_seconds_count 10\n"
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and result.invalid[0].metric == "vllm:inter_token_latency_seconds_sum"
+    body = vllm_body() + b"vllm:inter_token_latency_seconds_sum 4\nvllm:inter_token_latency_seconds_count NaN\n"
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and result.invalid[0].metric == "vllm:inter_token_latency_seconds_count"
 
 
 def test_bad_cache_info_labels_are_problems() -> None:
@@ -166,14 +250,14 @@ def test_sglang() -> None:
     result = extract_metrics(BUILTIN_ENGINES["sglang"], SGLANG_TEXT, EMPTY_METRICS, now=1.0)
     assert result.problems == ()
     assert result.metrics == EndpointMetrics(waiting_queue_size=3, running_requests=7, kv_cache_usage=0.41,
-                                             cache_block_size=16, cache_num_blocks=8192, update_time=1.0)
+                                             models=frozenset({"qwen"}), cache_block_size=16, cache_num_blocks=8192, update_time=1.0)
 
 
 def test_trtllm_serve() -> None:
     result = extract_metrics(BUILTIN_ENGINES["trtllm-serve"], TRTLLM_SERVE_TEXT, EMPTY_METRICS, now=1.0)
     assert result.problems == ()
     assert result.metrics == EndpointMetrics(waiting_queue_size=2, running_requests=5, kv_cache_usage=0.125,
-                                             cache_block_size=32, cache_num_blocks=19958, update_time=1.0)
+                                             models=frozenset({"llama"}), cache_block_size=32, cache_num_blocks=19958, update_time=1.0)
 
 
 def test_triton_tensorrt_llm_selects_series_by_label() -> None:

@@ -212,6 +212,37 @@ async def test_bad_responses_keep_old_metrics_and_set_an_error(
     assert stats.consecutive_errors == 0 and stats.errors >= 3
 
 
+async def test_out_of_bounds_values_mark_the_endpoint_invalid_and_are_counted(
+    servers: Servers, scraper: Scraper, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="epp.datalayer")
+    datastore, sc = scraper
+    server = await new_server(servers)
+    ep = datastore.upsert(server.spec("pod-a"))
+    await wait_until(lambda: ep.metrics.update_time > 0, "first scrape")
+    good = ep.metrics
+    assert ep.metrics_valid
+    server.body = BUSY.replace(b'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.2222222222222222',
+                               b'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 1e308')
+    assert server.body != BUSY
+    await wait_until(lambda: not ep.metrics_valid, "the endpoint marked invalid")
+    assert ep.scrape_error.startswith("invalid metrics: vllm:kv_cache_usage_perc: 1e+308 is not a valid fraction")
+    assert ep.metrics is good  # the last valid scrape is kept, ageing; nothing clamped
+    stats = sc.stats(ep.address)
+    assert stats is not None
+    await wait_until(lambda: stats.invalid.get("vllm:kv_cache_usage_perc", 0) >= 3, "invalid scrapes counted")
+    server.body = BUSY.replace(b'vllm:num_requests_waiting{engine="0",model_name="tiny"} 8.0',
+                               b'vllm:num_requests_waiting{engine="0",model_name="tiny"} -5e300')
+    await wait_until(lambda: "vllm:num_requests_waiting" in stats.invalid, "the next kind of garbage")
+    server.body = BUSY
+    await wait_until(lambda: ep.metrics_valid and ep.scrape_error == "", "recovery")
+    assert ep.metrics is not good
+    messages = [r.getMessage() for r in caplog.records if r.name == "epp.datalayer"]
+    failing = [m for m in messages if "failing" in m]
+    assert len(failing) == 2  # once per kind of garbage, never per poll
+    assert "kv_cache_usage_perc" in failing[0] and "num_requests_waiting" in failing[1]
+
+
 async def test_a_server_that_is_down(scraper: Scraper) -> None:
     datastore, _ = scraper
     ep = datastore.upsert(EndpointSpec("gone", "127.0.0.1", free_port()))
