@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
 from epp.datastore import Endpoint
+from epp.datastore.endpoint import with_valid_metrics
 from epp.errors import Code, EppError
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.scheduling.framework import SchedulingResult
@@ -50,7 +51,10 @@ class Admission(ABC):
 
 class LegacyAdmission(Admission):
     """The reference's default: sheddable requests (priority < 0) are rejected with 429 while the
-    pool is saturated; everything else is scheduled at once, never queued."""
+    pool is saturated; everything else is scheduled at once, never queued.
+
+    Endpoints whose last scrape was invalid are left out of the pick (unless every candidate is);
+    flow control leaves them out through the detector, which counts them as full."""
 
     def __init__(self, detector: SaturationDetector, metrics: RejectionSink | None = None) -> None:
         self.detector = detector
@@ -61,4 +65,4 @@ class LegacyAdmission(Admission):
             if self.metrics is not None:
                 self.metrics.flow_rejected("saturated", request.priority)
             raise EppError(Code.RESOURCE_EXHAUSTED, "system saturated, sheddable request dropped", reason="saturated")
-        return schedule(request, candidates)
+        return schedule(request, with_valid_metrics(candidates))

@@ -6,6 +6,16 @@ value is the mean over the candidates. An endpoint whose metrics are stale (olde
 counts as full: we cannot vouch for it. As a Filter it keeps fresh endpoints below the thresholds
 (scaled by `1 + headroom`) and fails open — if nothing would pass it returns every candidate,
 leaving the decision to the scorers rather than rejecting traffic on a metrics hiccup.
+
+An endpoint whose last scrape was *invalid* (`Endpoint.metrics_valid` is False: a value out of
+bounds, e.g. a KV fraction of 1e308 or 85) counts exactly like a stale one: full, 1.0, and the
+Filter removes it. Why full rather than left out of the mean: we hold no number we trust for it,
+so it offers no headroom we could dispatch into, and counting it as full keeps the pool value
+honest about the capacity we can use. Why it cannot shed the pool: its term is capped at 1.0
+whatever it reported, so with N candidates it adds at most 1/N, and the mean reaches 1.0 only
+when every other candidate is full too — never while another endpoint is idle. (Before the data
+layer checked values, one pod's 1e308 became the pool's mean and every sheddable request was
+rejected.)
 """
 
 from __future__ import annotations
@@ -63,8 +73,9 @@ class UtilizationDetector(Filter, SaturationDetector):
         )
 
     def _fresh(self, endpoint: Endpoint, now: float) -> bool:
+        """Metrics we can vouch for: scraped, recently, and valid."""
         updated = endpoint.metrics.update_time
-        return updated > 0.0 and now - updated <= self.metrics_staleness_threshold
+        return endpoint.metrics_valid and updated > 0.0 and now - updated <= self.metrics_staleness_threshold
 
     def endpoint_saturation(self, endpoint: Endpoint, now: float) -> float:
         if not self._fresh(endpoint, now):

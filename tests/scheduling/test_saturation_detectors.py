@@ -116,3 +116,21 @@ def test_concurrency_config() -> None:
         ConcurrencyDetector.from_config("c", Params({"concurrencyMode": "hybrid"}, "x"), ctx)
     with pytest.raises(ConfigError, match=r"^x\.maxConcurrency: must be >= 1"):
         ConcurrencyDetector.from_config("c", Params({"maxConcurrency": 0}, "x"), ctx)
+
+
+def invalid(ip: str, **metrics: object):  # type: ignore[no-untyped-def]
+    """An endpoint whose last scrape was rejected: fresh-looking old metrics, flagged invalid."""
+    ep = fresh(ip, **metrics)
+    ep.metrics_valid = False
+    return ep
+
+
+def test_utilization_an_invalid_endpoint_counts_full_and_never_saturates_the_pool_alone() -> None:
+    bad = invalid("10.0.0.3")  # its last valid metrics say idle; they are not trusted any more
+    idle = [fresh("10.0.0.1"), fresh("10.0.0.2")]
+    assert util().endpoint_saturation(bad, NOW) == 1.0
+    assert util().saturation([*idle, bad]) == pytest.approx(1 / 3)  # capped at 1.0 per endpoint
+    assert not util().is_saturated([idle[0], bad])
+    assert util().is_saturated([bad])  # nothing we can vouch for: the pool is full
+    assert util().filter(cycle(), request(), [*idle, bad]) == idle
+    assert util().filter(cycle(), request(), [bad]) == [bad]  # fail open
