@@ -28,6 +28,7 @@ from epp.flowcontrol.objectives import load_objectives_file
 from epp.observability.admin import AdminServicer, QueueInfo, StatusSources
 from epp.observability.admin import add_to_server as add_admin_to_server
 from epp.observability.health import HealthServicer
+from epp.observability.labels import LabelLimits
 from epp.observability.metrics import EppMetrics
 from epp.observability.server import start_metrics_server
 from epp.observability.trace import DecisionTrace
@@ -69,7 +70,10 @@ class EndpointPicker:
         self.datastore.pool.name = options.pool_name
         self.datastore.pool.namespace = options.pool_namespace
         self.discovery = discovery or discovery_from_options(options)
-        self.metrics = EppMetrics(self.datastore, staleness=options.metrics_staleness_threshold)
+        self.metrics = EppMetrics(
+            self.datastore, staleness=options.metrics_staleness_threshold,
+            known_models=[n.strip() for n in options.metrics_model_names.split(",") if n.strip()],
+            limits=LabelLimits(series=max(1, options.metrics_max_series)))
         if options.objectives_file:
             load_objectives_file(options.objectives_file, self.datastore, pool_name=options.pool_name)
         self.trace = DecisionTrace()
@@ -127,6 +131,7 @@ class EndpointPicker:
                 self.datastore, self.config.data_source, self.config.extractor, interval=o.refresh_metrics_interval
             )
             await self.scraper.start()
+            self.metrics.set_scrape_stats_source(self.scraper.all_stats)
         await self.admission.start()
 
         health = HealthServicer(self.ready)

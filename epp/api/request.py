@@ -19,6 +19,11 @@ from epp.api import headers as h
 from epp.errors import Code, EppError
 
 CHARS_PER_TOKEN = 4  # the reference's fixed estimate; also used by the prefix hasher
+# Longest `model` accepted. vLLM itself has no cap (an unknown name is a 404 NotFound, "The model
+# `...` does not exist."), but the name travels on into logs, traces and metric labels, so a
+# client must not choose its size: real names are far shorter (a Hugging Face repo id is at most
+# 96 characters).
+MAX_MODEL_NAME_BYTES = 1024
 
 
 class Api(str, enum.Enum):
@@ -168,6 +173,12 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return None
 
 
+def _check_model_length(name: str, what: str) -> None:
+    # len(str) <= bytes <= 4 * len(str): encode only names that may be too long.
+    if len(name) > MAX_MODEL_NAME_BYTES // 4 and len(name.encode()) > MAX_MODEL_NAME_BYTES:
+        raise _bad(f"{what} too long: {len(name.encode())} bytes, at most {MAX_MODEL_NAME_BYTES} are accepted")
+
+
 def slo_seconds(headers: dict[str, str], name: str) -> float | None:
     """A latency objective header in milliseconds, as seconds; None if absent or not a finite
     non-negative number (an objective is a hint: a bad one is ignored, never an error)."""
@@ -198,6 +209,10 @@ def parse_request(
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model not found in request body")
+    _check_model_length(model, "model name")
+    target = headers.get(h.MODEL_REWRITE) or model
+    if target is not model:
+        _check_model_length(target, f"{h.MODEL_REWRITE} header")
     api = api_for_path(path)
     _validate(api, body)
     salt = body.get("cache_salt")
@@ -205,7 +220,7 @@ def parse_request(
         request_id=request_id,
         api=api,
         model=model,
-        target_model=headers.get(h.MODEL_REWRITE) or model,
+        target_model=target,
         body=body,
         prompt=prompt_bytes(api, body),
         stream=body.get("stream") is True,

@@ -58,6 +58,8 @@ class Options:
     admin_bind_address: str = "127.0.0.1"
     debug_decision_header: bool = False
     metrics_bearer_token_file: str = ""
+    metrics_model_names: str = ""  # comma-separated; always their own model_name label value
+    metrics_max_series: int = 10_000
     v: int = 2
 
 
@@ -122,6 +124,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
              "add x-epp-decision (pick and scores) to responses; for troubleshooting only")
     parser.add_argument("--metrics-bearer-token-file", default="", metavar="PATH",
                         help="require this bearer token on /metrics")
+    parser.add_argument("--metrics-model-names", default="", metavar="NAME,...",
+                        help="model names that keep their own model_name label in the EPP's metrics besides the "
+                             "names the pods report (other names are counted as 'other')")
+    parser.add_argument("--metrics-max-series", type=int, default=d.metrics_max_series, metavar="N",
+                        help="series budget of the EPP's metrics with client- or pod-controlled labels; label sets "
+                             "beyond it are counted as 'other' (default 10000; a quarter of it per metric)")
     parser.add_argument("--v", "-v", dest="v", type=int, default=d.v, metavar="LEVEL",
                         help="log verbosity: 1 warnings, 2 default, 3 verbose, 4 debug (decision traces), 5 trace")
 

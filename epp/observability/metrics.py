@@ -3,21 +3,35 @@
 Everything lives in one `CollectorRegistry` per EPP instance (no process-global registry), so
 tests and the in-process simulator can run several EPPs side by side. Pool gauges are computed
 when Prometheus scrapes, from the datastore, so they are never older than the scrape.
+
+Label values a client or a pod controls (model names, fairness ids, priorities, pod names) are
+bounded by `labels.LabelGuard`: a model keeps its name only if the pool serves it, everything
+else is counted under `other`, and every family has a budget of series. The exposition is built
+off the event loop (`server`), and these bounds are what keep building it cheap.
+
+Thread safety: the exposition runs in another thread than the updates. prometheus_client's
+metrics lock themselves; the collectors here only read immutable snapshots (the datastore's
+endpoint tuple, each endpoint's frozen `EndpointMetrics`, a copy of the scraper's table).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp import __version__
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
 from epp.datastore import Datastore, Endpoint
+from epp.observability.labels import BoundedFamily, Kind, KnownModels, LabelGuard, LabelLimits
 from epp.plugin import Plugin
+
+if TYPE_CHECKING:
+    from epp.datalayer.scraper import ScrapeStats
 
 
 _DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20,
@@ -57,7 +71,8 @@ class SaturationCollector(Collector):
 
 
 class PoolCollector(Collector):
-    """`inference_pool_*` gauges over endpoints whose metrics are fresher than `staleness`."""
+    """`inference_pool_*` gauges over endpoints whose metrics are valid and fresher than `staleness`
+    (an endpoint reporting garbage is left out at once, a silent one once its metrics age)."""
 
     def __init__(self, datastore: Datastore, staleness: float) -> None:
         self.datastore = datastore
@@ -67,7 +82,7 @@ class PoolCollector(Collector):
         pool = self.datastore.pool.name or "default"
         now = self.datastore.clock()
         fresh = [ep for ep in self.datastore.endpoints()
-                 if ep.metrics.update_time > 0 and now - ep.metrics.update_time <= self.staleness]
+                 if ep.metrics_valid and ep.metrics.update_time > 0 and now - ep.metrics.update_time <= self.staleness]
         n = len(fresh)
 
         def average(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -114,7 +129,8 @@ class PoolCollector(Collector):
                                      "Seconds since the endpoint's metrics were last scraped successfully (-1: never).",
                                      labels=labels),
             "up": GaugeMetricFamily("inference_pool_endpoint_scrape_up",
-                                    "1 when the endpoint's last metrics scrape succeeded, else 0.", labels=labels),
+                                    "1 when the endpoint's last metrics scrape succeeded, else 0 (failed, or held "
+                                    "values out of bounds).", labels=labels),
         }
         for ep in self.datastore.endpoints():
             m = ep.metrics
@@ -129,11 +145,61 @@ class PoolCollector(Collector):
         yield from families.values()
 
 
+class ScrapeCollector(Collector):
+    """Ours: `inference_pool_endpoint_invalid_metric_samples_total{name, endpoint, model_server_pod,
+    metric}`, scrapes of a live endpoint rejected because `metric` was out of bounds. Labels are
+    bounded: endpoints of the pool now (a departed pod's series go with it), metric names from
+    the engine mapping."""
+
+    def __init__(self, datastore: Datastore) -> None:
+        self.datastore = datastore
+        self.source: Callable[[], Mapping[str, ScrapeStats]] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "inference_pool_endpoint_invalid_metric_samples",
+            "Scrapes of the endpoint rejected because this metric's value was out of bounds "
+            "(not finite, a fraction above 1, a negative or fractional count, ...).",
+            labels=["name", "endpoint", "model_server_pod", "metric"])
+        source = self.source
+        if source is not None:
+            pool = self.datastore.pool.name or "default"
+            for address, stats in source().items():
+                endpoint = self.datastore.get(address)
+                if endpoint is None:
+                    continue
+                for metric, count in stats.invalid.copy().items():
+                    family.add_metric([pool, address, endpoint.name, metric], float(count))
+        yield family
+
+
+def _histogram_lines(buckets: Sequence[float]) -> int:
+    """Exposition lines of one histogram label set: buckets, +Inf, _count, _sum, _created."""
+    return len(buckets) + 4
+
+
+_COUNTER_LINES = 2  # _total, _created
+M = Kind.MODEL
+
+
 class EppMetrics:
-    def __init__(self, datastore: Datastore, staleness: float = 2.0) -> None:
+    """The registry and every update the request path, flow control and plugins report.
+
+    `known_models`: names that always keep their own `model_name` label value, besides those the
+    pods report (`--metrics-model-names`). `limits`: the label and series caps."""
+
+    def __init__(self, datastore: Datastore, staleness: float = 2.0, *, known_models: Iterable[str] = (),
+                 limits: LabelLimits | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.datastore = datastore
         mt = ["model_name", "target_model_name"]
+        self.folded = Counter("inference_extension_metric_labels_folded",
+                              "Metric updates whose label value was replaced by 'other', by metric, label and "
+                              "reason (unknown_model, too_long, too_many_values, series_budget).",
+                              ["metric", "label", "reason"], registry=r)
+        self.known_models = KnownModels(datastore, known_models, clock=datastore.clock)
+        self.guard = LabelGuard(limits or LabelLimits(), self.known_models, self.folded)
         self.info = Gauge("inference_extension_info", "General information of the current build of Inference Extension.",
                           ["commit", "build_ref"], registry=r)
         self.info.labels(commit="", build_ref=__version__).set(1)
@@ -170,8 +236,9 @@ class EppMetrics:
         self.prefix_indexer_hit_ratio = Histogram("inference_extension_prefix_indexer_hit_ratio", "Ratio of prefix length matched to total prefix length in the cache lookup.",
                                                   buckets=_RATIO_BUCKETS, registry=r)
         r.register(PoolCollector(datastore, staleness))
+        self._scrapes = ScrapeCollector(datastore)
+        r.register(self._scrapes)
         # -- flow control (reference names; `rejections` is ours) --
-        self.datastore = datastore
         self.flow_queue_size = Gauge("inference_extension_flow_control_queue_size",
                                      "Number of requests waiting in flow control.", _FLOW_QUEUE_LABELS, registry=r)
         self.flow_queue_bytes = Gauge("inference_extension_flow_control_queue_bytes",
@@ -190,9 +257,49 @@ class EppMetrics:
                                        "Requests admission ended without dispatching them, by reason (capacity, "
                                        "band_capacity, saturated, ttl, evicted, cancelled, shutdown) and priority.",
                                        ["reason", "priority", "inference_pool"], registry=r)
-        self._flow_queued: dict[tuple[str, ...], list[int]] = {}
         self._saturation = SaturationCollector(datastore)
         r.register(self._saturation)
+
+        # The guarded label sets, one `BoundedFamily` per family (label names as above).
+        def family(name: str, labels: Sequence[str], kinds: Sequence[Kind | None], lines: int) -> BoundedFamily:
+            return BoundedFamily(self.guard, name, labels, kinds, lines)
+
+        hist = _histogram_lines
+        self._request_total = family("inference_objective_request_total", [*mt, "priority"],
+                                     [M, M, Kind.PRIORITY], _COUNTER_LINES)
+        self._request_error = family("inference_objective_request_error_total", [*mt, "error_code"],
+                                     [M, M, None], _COUNTER_LINES)
+        self._by_model = {
+            name: family(name, mt, [M, M], hist(buckets)) for name, buckets in (
+                ("inference_objective_request_duration_seconds", _DURATION_BUCKETS),
+                ("inference_objective_request_sizes", _SIZE_BUCKETS),
+                ("inference_objective_response_sizes", _SIZE_BUCKETS),
+                ("inference_objective_input_tokens", _TOKEN_BUCKETS),
+                ("inference_objective_output_tokens", _TOKEN_BUCKETS),
+                ("inference_objective_prompt_cached_tokens", _TOKEN_BUCKETS),
+                ("inference_objective_normalized_time_per_output_token_seconds", _NTPOT_BUCKETS),
+            )}
+        self._running = family("inference_objective_running_requests", ["model_name"], [M], 1)
+        self._attempts = family("inference_extension_scheduler_attempts_total",
+                                ["status", "target_model_name", "pod_name", "namespace", "port"],
+                                [None, M, Kind.ENDPOINT, Kind.ENDPOINT, Kind.ENDPOINT], _COUNTER_LINES)
+        self._flow_queue = family("inference_extension_flow_control_queue_size", _FLOW_QUEUE_LABELS,
+                                  [Kind.FAIRNESS, Kind.PRIORITY, None, M, M], 2)  # size and bytes together
+        self._flow_duration = family("inference_extension_flow_control_request_queue_duration_seconds",
+                                     ["fairness_id", "priority", "outcome", "inference_pool", *mt],
+                                     [Kind.FAIRNESS, Kind.PRIORITY, None, None, M, M], hist(_QUEUE_BUCKETS))
+        self._flow_enqueue = family("inference_extension_flow_control_request_enqueue_duration_seconds",
+                                    ["fairness_id", "priority", "outcome"], [Kind.FAIRNESS, Kind.PRIORITY, None],
+                                    hist(_CYCLE_BUCKETS))
+        self._flow_rejections = family("inference_extension_flow_control_rejections_total",
+                                       ["reason", "priority", "inference_pool"], [None, Kind.PRIORITY, None],
+                                       _COUNTER_LINES)
+        # Gauges moved up and down must use one label set for both moves: the set chosen when a
+        # model (or a flow) first goes up is kept until it is back at zero, even if the model
+        # becomes known meanwhile. Entries live only while something is running or queued.
+        self._running_labels: dict[str, list[Any]] = {}  # model -> [label, count]
+        self._flow_labels: dict[tuple[str, int, str, str], list[Any]] = {}  # raw -> [labels, requests]
+        self._flow_queued: dict[tuple[str, ...], list[int]] = {}  # labels -> [requests, bytes]
 
     def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         self.plugin_duration.labels(extension_point, plugin.type, plugin.name).observe(seconds)
@@ -210,6 +317,10 @@ class EppMetrics:
         """Where the pool saturation gauge reads from (the configured detector over the pool)."""
         self._saturation.source = source
 
+    def set_scrape_stats_source(self, source: Callable[[], Mapping[str, ScrapeStats]]) -> None:
+        """Where the invalid-sample counters read from (`MetricsScraper.all_stats`)."""
+        self._scrapes.source = source
+
     # -- events from flow control (`epp.flowcontrol.sink.FlowMetricsSink`) --
 
     def _pool(self) -> str:
@@ -217,7 +328,15 @@ class EppMetrics:
 
     def flow_queue_changed(self, fairness_id: str, priority: int, model: str, target_model: str,
                            requests: int, size: int) -> None:
-        labels = (fairness_id, str(priority), self._pool(), model, target_model)
+        raw = (fairness_id, priority, model, target_model)
+        entry = self._flow_labels.get(raw)
+        if entry is None:
+            labels = self._flow_queue.admit((fairness_id, str(priority), self._pool(), model, target_model))
+            entry = self._flow_labels[raw] = [labels, 0]
+        labels = entry[0]
+        entry[1] += requests
+        if entry[1] <= 0:
+            del self._flow_labels[raw]
         held = self._flow_queued.setdefault(labels, [0, 0])
         held[0] += requests
         held[1] += size
@@ -228,55 +347,74 @@ class EppMetrics:
                     gauge.remove(*labels)
                 except KeyError:
                     pass
+            self._flow_queue.release(labels)
             return
         self.flow_queue_size.labels(*labels).set(held[0])
         self.flow_queue_bytes.labels(*labels).set(held[1])
 
     def flow_request_done(self, fairness_id: str, priority: int, model: str, target_model: str,
                           outcome: str, seconds: float) -> None:
-        self.flow_queue_duration.labels(fairness_id, str(priority), outcome, self._pool(), model,
-                                        target_model).observe(seconds)
+        labels = self._flow_duration.admit((fairness_id, str(priority), outcome, self._pool(), model, target_model))
+        self.flow_queue_duration.labels(*labels).observe(seconds)
 
     def flow_rejected(self, reason: str, priority: int) -> None:
-        self.flow_rejections.labels(reason, str(priority), self._pool()).inc()
+        self.flow_rejections.labels(*self._flow_rejections.admit((reason, str(priority), self._pool()))).inc()
 
     def flow_enqueue_duration(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None:
-        self.flow_enqueue_seconds.labels(fairness_id, str(priority), outcome).observe(seconds)
+        labels = self._flow_enqueue.admit((fairness_id, str(priority), outcome))
+        self.flow_enqueue_seconds.labels(*labels).observe(seconds)
 
     def flow_dispatch_cycle(self, seconds: float) -> None:
         self.flow_cycle_seconds.observe(seconds)
 
-    # -- events from request control --
+    # -- events from request control (`epp.requestcontrol.sink.RequestMetricsSink`) --
 
     def request_received(self, request: InferenceRequest) -> None:
-        self.request_total.labels(request.model, request.target_model, str(request.priority)).inc()
-        self.request_sizes.labels(request.model, request.target_model).observe(request.body_size)
+        labels = self._request_total.admit((request.model, request.target_model, str(request.priority)))
+        self.request_total.labels(*labels).inc()
+        labels = self._by_model["inference_objective_request_sizes"].admit((request.model, request.target_model))
+        self.request_sizes.labels(*labels).observe(request.body_size)
 
     def request_error(self, request: InferenceRequest, code: str) -> None:
-        self.request_error_total.labels(request.model, request.target_model, code).inc()
+        labels = self._request_error.admit((request.model, request.target_model, code))
+        self.request_error_total.labels(*labels).inc()
 
     def scheduled(self, request: InferenceRequest, endpoint: Endpoint | None, seconds: float) -> None:
         self.scheduler_e2e.observe(seconds)
         if endpoint is None:
-            self.scheduler_attempts.labels("failure", request.target_model, "", "", "").inc()
+            labels = self._attempts.admit(("failure", request.target_model, "", "", ""))
         else:
-            self.scheduler_attempts.labels("success", request.target_model, endpoint.name,
-                                           endpoint.spec.namespace, str(endpoint.spec.port)).inc()
+            labels = self._attempts.admit(("success", request.target_model, endpoint.name,
+                                           endpoint.spec.namespace, str(endpoint.spec.port)))
+        self.scheduler_attempts.labels(*labels).inc()
 
     def running_changed(self, model: str, delta: int) -> None:
-        self.running_requests.labels(model).inc(delta)
+        entry = self._running_labels.get(model)
+        if entry is None:
+            entry = self._running_labels[model] = [self._running.admit((model,))[0], 0]
+        entry[1] += delta
+        self.running_requests.labels(entry[0]).inc(delta)
+        if entry[1] <= 0:
+            del self._running_labels[model]
 
     def request_finished(self, request: InferenceRequest, usage: Usage | None, response_bytes: int,
                          elapsed: float) -> None:
         if request.body is None:
             return
-        labels = (request.model, request.target_model)
-        self.request_duration.labels(*labels).observe(elapsed)
+        raw = (request.model, request.target_model)
+        by_model = self._by_model
+
+        def labels(name: str) -> tuple[str, ...]:
+            return by_model[name].admit(raw)
+
+        self.request_duration.labels(*labels("inference_objective_request_duration_seconds")).observe(elapsed)
         if response_bytes:
-            self.response_sizes.labels(*labels).observe(response_bytes)
+            self.response_sizes.labels(*labels("inference_objective_response_sizes")).observe(response_bytes)
         if usage is not None:
-            self.input_tokens.labels(*labels).observe(usage.prompt_tokens)
-            self.output_tokens.labels(*labels).observe(usage.completion_tokens)
-            self.prompt_cached_tokens.labels(*labels).observe(usage.cached_tokens)
+            self.input_tokens.labels(*labels("inference_objective_input_tokens")).observe(usage.prompt_tokens)
+            self.output_tokens.labels(*labels("inference_objective_output_tokens")).observe(usage.completion_tokens)
+            self.prompt_cached_tokens.labels(*labels("inference_objective_prompt_cached_tokens")).observe(
+                usage.cached_tokens)
             if usage.completion_tokens > 0:
-                self.ntpot.labels(*labels).observe(elapsed / usage.completion_tokens)
+                self.ntpot.labels(*labels("inference_objective_normalized_time_per_output_token_seconds")).observe(
+                    elapsed / usage.completion_tokens)

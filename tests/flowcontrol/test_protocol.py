@@ -105,7 +105,8 @@ async def respond(client: ExtProcClient, usage: dict[str, int] | None = None) ->
 
 
 async def test_a_queued_request_is_dispatched_when_the_first_one_finishes() -> None:
-    async with running_picker(static_endpoints=ONE_POD, config_text=CONFIG) as picker, channel_to(picker) as channel:
+    async with running_picker(static_endpoints=ONE_POD, config_text=CONFIG,  # dataLayer off: name the model
+                              metrics_model_names="m") as picker, channel_to(picker) as channel:
         first = await send(channel, {"x_gateway_inference_fairness_id": "a"})
         assert (await picked(first))[0] == ONE_POD
         second = await send(channel, {"x_gateway_inference_fairness_id": "b"})
