@@ -2,35 +2,77 @@
 
 With a bearer token configured, `/metrics` answers 401 to requests without it (compared in
 constant time). `/healthz` stays open for simple probes.
+
+The exposition is built on a thread of its own, never on the event loop: the loop serves
+ext_proc and scrapes the pods, and a build that ran on it once stalled both (pod scrapes timed
+out, requests waited seconds). One thread builds at a time and scrapes that arrive during a
+build share its result, so a burst of scrapers costs one build, not one each. The thread still
+shares the GIL with the loop; what keeps a build cheap is that its size is bounded
+(`labels.LabelGuard`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from epp.observability.metrics import EppMetrics
+
+EXPOSITION_THREAD = "epp-metrics-exposition"
+
+
+class Exposition:
+    """Builds the text exposition of a registry on one worker thread; concurrent callers of
+    `render` share the build in progress."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=EXPOSITION_THREAD)
+        self._pending: asyncio.Future[bytes] | None = None
+
+    async def render(self) -> bytes:
+        pending = self._pending
+        if pending is None:
+            pending = asyncio.get_running_loop().run_in_executor(self._executor, generate_latest, self.registry)
+            self._pending = pending
+            pending.add_done_callback(self._done)
+        # A scraper that hangs up must not cancel the build the others wait for.
+        return await asyncio.shield(pending)
+
+    def _done(self, future: asyncio.Future[bytes]) -> None:
+        if self._pending is future:
+            self._pending = None
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def metrics_app(metrics: EppMetrics, bearer_token: str = "") -> web.Application:
     expected = f"Bearer {bearer_token}".encode() if bearer_token else b""
+    exposition = Exposition(metrics.registry)
 
     async def handle_metrics(request: web.Request) -> web.Response:
         if expected:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 return web.Response(status=401, text="unauthorized\n", headers={"WWW-Authenticate": "Bearer"})
-        body = generate_latest(metrics.registry)
+        body = await exposition.render()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def handle_healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def close_exposition(_: web.Application) -> None:
+        exposition.close()
+
     app = web.Application()
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/healthz", handle_healthz)
+    app.on_cleanup.append(close_exposition)
     return app
 
 
