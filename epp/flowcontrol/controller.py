@@ -329,7 +329,9 @@ class FlowController:
             band.queue.refund(item)  # it never ran: take back what fairness charged
             band.release_flow_if_idle(flow)
             item.state = ItemState.DONE
-            return self._end(item, Outcome.DISPATCHED, now, error)
+            # It left the queue but was never sent anywhere: a rejection, counted as one (its
+            # reason in the rejections counter, RejectedOther in the queue-duration outcome).
+            return self._end(item, Outcome.REJECTED_OTHER, now, error)
         if self.config.vllm_priority:
             stride = self.config.vllm_priority_stride
             item.engine_priority = -band.priority * stride + min(flow.inflight, stride - 1)

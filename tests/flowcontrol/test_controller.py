@@ -474,9 +474,19 @@ def test_a_failed_scheduling_ends_the_request_and_holds_nothing() -> None:
     it = item(request("a"), s)
     fc.enqueue(it)
     [ending] = fc.dispatch()
-    assert ending.outcome is Outcome.DISPATCHED and ending.error is not None and ending.error.http_status == 429
+    assert ending.outcome is Outcome.REJECTED_OTHER and ending.error is not None and ending.error.http_status == 429
     assert it.state is ItemState.DONE and it.charged == 0
     assert_empty(fc)
+
+
+def test_a_failed_scheduling_is_recorded_as_a_rejection_not_a_dispatch() -> None:
+    pool = Pool(1)
+    sink = RecordingSink()
+    fc = controller(pool, sink=sink)
+    fc.enqueue(item(request("a"), Scheduler(fail=scheduler_failure())))
+    fc.dispatch()
+    assert sink.done == [("a", "RejectedOther")]
+    assert sink.rejected == [("scheduler", 0)]
 
 
 def test_drain_ends_every_queued_request() -> None:
