@@ -35,9 +35,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """Exit 0 when valid, 2 when invalid, 1 when valid with warnings and `--strict`."""
+    from epp.config.effective import to_yaml
     from epp.config.loader import load_config
-    from epp.params import ConfigError
     from epp.datastore import Datastore
+    from epp.params import ConfigError
 
     text = open(args.config_file).read() if args.config_file else None
     try:
@@ -45,7 +47,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"invalid: {exc}", file=sys.stderr)
         return 2
-    print(f"ok: profiles {', '.join(loaded.scheduler.profiles)}")
+    for warning in loaded.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.effective:
+        print(to_yaml(loaded.effective()), end="")
+    if loaded.warnings and args.strict:
+        print(f"invalid with --strict: {len(loaded.warnings)} warning(s)", file=sys.stderr)
+        return 1
+    if not args.effective:
+        print(f"ok: profiles {', '.join(loaded.scheduler.profiles)}"
+              + (f" ({len(loaded.warnings)} warning(s))" if loaded.warnings else ""))
     return 0
 
 
@@ -86,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate an EndpointPickerConfig file")
     check.add_argument("config_file", nargs="?", default="", help="YAML file; none checks the built-in default")
+    check.add_argument("--strict", action="store_true", help="exit 1 when the config has warnings")
+    check.add_argument("--effective", action="store_true",
+                       help="print the effective configuration (YAML): every plugin, weight and default injected")
     check.set_defaults(func=cmd_check_config)
 
     status = sub.add_parser("status", help="show a running EPP: endpoints, saturation, queues, decisions")

@@ -115,8 +115,17 @@ class EndpointPicker:
         """Synced with the pool and, with leader election, the leader (gie-epp §1.9)."""
         return self.datastore.synced and (self.leader is None or self.leader.is_leader)
 
+    def log_config(self) -> None:
+        """Nothing about the config is silent: its warnings, then (at -v=2, the default level)
+        the effective configuration with every default that was injected."""
+        for warning in self.config.warnings:
+            log.warning("config: %s", warning, extra={"config_warning": warning})
+        if log.isEnabledFor(logging.INFO):
+            log.info("effective configuration", extra={"effective_config": self.config.effective()})
+
     async def start(self) -> None:
         o = self.options
+        self.log_config()
         await self.discovery.start(self.datastore)
         if o.ha_enable_leader_election:
             from epp.discovery.leader import leader_elector

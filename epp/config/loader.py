@@ -18,12 +18,24 @@ System defaults follow the reference's `applySystemDefaults`:
 - `saturationDetector` omitted: a configured `utilization-detector` is used, else one is created;
 - `dataLayer` omitted: the configured (or created) `metrics-data-source` + `core-metrics-extractor`;
   `dataLayer: {sources: []}` turns metric collection off;
-- `parser` omitted: a configured parser plugin, else `openai-parser`;
+- `parser` omitted: a configured parser plugin, else `openai-parser` (the only parser: a
+  `passthrough-parser` is rejected, since every request body is parsed as OpenAI JSON);
+- `enableLegacyMetrics` is the reference's fallback to its pre-data-layer metrics polling, which
+  scrapes `http://<pod>:<port>/metrics` with the built-in vLLM names and ignores `dataLayer`:
+  with the gate, metrics are collected by a default `metrics-data-source` and
+  `core-metrics-extractor`, and a `dataLayer` section is ignored with a warning;
+- `dataLayer` takes one source with one extractor (the scraper reads one metrics endpoint per
+  pod); more, or a source without an extractor, is an error;
 - `flowControl` is read only when the `flowControl` feature gate is on (otherwise it is ignored
   with a warning). With the gate on it is validated into `flow_control_config`
   (`epp.flowcontrol.config`), and the reference's default policies `global-strict-fairness-policy`,
   `fcfs-ordering-policy` and `static-usage-limit-policy` are created when not configured. A policy
   ref that names a policy type not listed in `plugins` creates that policy with default parameters.
+
+Nothing is silent: every default applied is listed in `LoadedConfig.defaults` and every plugin
+a default created in `LoadedConfig.injected` (with why), both printed by `epp check-config
+--effective` and at `epp serve` start; a plugin that is configured but used by nothing, and any
+section that is ignored, is a warning (`LoadedConfig.warnings`, printed too).
 
 No config (`text=None`) means `epp.config.defaults.DEFAULT_CONFIG`: the reference's default
 (queue 2, kv-cache 2, prefix 3, max-score picker) **plus `active-request-scorer` with weight 2**.
@@ -47,7 +59,7 @@ import yaml
 
 from epp.config.defaults import DEFAULT_CONFIG
 from epp.params import ConfigError, Params
-from epp.config.parsers import DEFAULT_PARSER, RequestParser
+from epp.config.parsers import DEFAULT_PARSER, UNSUPPORTED_PARSERS, RequestParser
 from epp.config.plugin_types import (
     CORE_METRICS_EXTRACTOR,
     DATA_EXTRACTOR_TYPES,
@@ -82,7 +94,8 @@ from epp.scheduling.scheduler import Scheduler
 
 API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 KIND = "EndpointPickerConfig"
-FEATURE_GATES = ("dataLayer", "enableLegacyMetrics", "flowControl")
+LEGACY_METRICS_GATE = "enableLegacyMetrics"
+FEATURE_GATES = ("dataLayer", LEGACY_METRICS_GATE, "flowControl")
 DEFAULT_PROFILE = "default"
 
 _TOP_LEVEL = (
@@ -122,6 +135,15 @@ class LoadedConfig:
     parser: str  # the parser plugin's type, e.g. "openai-parser"
     warnings: list[str] = field(default_factory=list)
     flow_control_config: FlowControlConfig | None = None  # validated; None unless the gate is on
+    injected: dict[str, str] = field(default_factory=dict)  # plugin name -> why a default created it
+    defaults: list[str] = field(default_factory=list)  # every other default applied, as "field: what"
+    profile_handler: Plugin | None = None
+
+    def effective(self) -> dict[str, Any]:
+        """The configuration as it runs, every default included (see `epp.config.effective`)."""
+        from epp.config.effective import describe
+
+        return describe(self)
 
     @property
     def data_source(self) -> Plugin | None:
@@ -137,13 +159,20 @@ class LoadedConfig:
     def flow_control_enabled(self) -> bool:
         return "flowControl" in self.feature_gates
 
+    def legacy_metrics(self) -> bool:
+        return LEGACY_METRICS_GATE in self.feature_gates
+
 
 def load_config(text: str | None, datastore: Datastore, *, seed: int | None = None) -> LoadedConfig:
     """Build the configuration from YAML text; `None` means the default configuration.
 
     `seed` makes every plugin's randomness reproducible (the simulator's runs)."""
     raw = _parse_yaml(DEFAULT_CONFIG if text is None else text)
-    return _Builder(datastore, seed).build(raw)
+    builder = _Builder(datastore, seed)
+    if text is None:
+        builder.defaults.append("config: none given, the built-in default (the reference's default plus "
+                                "active-request-scorer with weight 2; see epp.config.defaults)")
+    return builder.build(raw)
 
 
 def load_config_file(path: str | Path, datastore: Datastore) -> LoadedConfig:
@@ -253,6 +282,8 @@ class _Builder:
         self.plugins = self.ctx.plugins
         self.warnings: list[str] = []
         self.types = all_plugin_types()
+        self.injected: dict[str, str] = {}
+        self.defaults: list[str] = []
 
     def build(self, raw: Any) -> LoadedConfig:
         if not isinstance(raw, dict):
@@ -266,7 +297,7 @@ class _Builder:
         handler = self._handler(profiles)
         self._pickers(profiles)
         detector = self._saturation_detector(root)
-        data_layer = self._data_layer(root)
+        data_layer = self._data_layer(root, gates)
         parser = self._parser(root)
         flow_control = self._flow_control(root, gates)
         flow_control_config = self._flow_control_config(flow_control)
@@ -274,6 +305,7 @@ class _Builder:
             self.warnings.append("flowControl: no metrics are collected (dataLayer.sources is empty), so the "
                                  "utilization-detector counts every endpoint as saturated and nothing is dispatched; "
                                  "use the concurrency-detector or collect metrics")
+        self._unused(profiles, handler, detector, data_layer, parser, flow_control_config)
 
         plugins = dict(self.plugins)
         values = list(plugins.values())
@@ -292,9 +324,12 @@ class _Builder:
             data_layer=data_layer,
             feature_gates=gates,
             flow_control=flow_control,
-            parser=parser,
+            parser=parser.type,
             warnings=self.warnings,
             flow_control_config=flow_control_config,
+            injected=self.injected,
+            defaults=self.defaults,
+            profile_handler=handler,
         )
 
     # -- header and gates --
@@ -316,6 +351,8 @@ class _Builder:
                 raise ConfigError(f"{path}: unknown feature gate {gate!r} (known: {', '.join(FEATURE_GATES)})")
             if gate == "dataLayer":
                 self.warnings.append(f"{path}: dataLayer is deprecated, the data layer is always on")
+            if gate in gates:
+                self.warnings.append(f"{path}: {gate} is listed twice")
             gates.add(gate)
         return frozenset(gates)
 
@@ -327,6 +364,8 @@ class _Builder:
             entry = _mapping(entry, path, ("name", "type", "parameters"))
             type_name = _string(entry.get("type"), f"{path}.type")
             cls = self.types.get(type_name)
+            if type_name in UNSUPPORTED_PARSERS:
+                raise ConfigError(f"{path}.type: {UNSUPPORTED_PARSERS[type_name]}")
             if cls is None:
                 raise ConfigError(
                     f"{path}.type: unknown plugin type {type_name!r} (known: {', '.join(sorted(self.types))})"
@@ -344,11 +383,12 @@ class _Builder:
         except ValueError as exc:  # a constructor's own validation
             raise ConfigError(f"{path}: {exc}") from None
 
-    def _add_default(self, type_name: str) -> Plugin:
+    def _add_default(self, type_name: str, why: str) -> Plugin:
         """Create a plugin the defaults need, with default parameters, under a free name."""
         name = unique_name(type_name, self.plugins)
         plugin = self._create(self.types[type_name], name, None, f"<default {type_name}>")
         self.plugins[name] = plugin
+        self.injected[name] = why
         return plugin
 
     def _first(self, cls: type[Any], type_name: str = "") -> Any:
@@ -364,6 +404,7 @@ class _Builder:
                     if created.name in self.plugins:
                         raise ConfigError(f"plugins: created plugin name {created.name!r} is already taken")
                     self.plugins[created.name] = created
+                    self.injected[created.name] = f"a data producer {_describe(plugin)} needs"
 
     # -- scheduling profiles --
 
@@ -408,6 +449,8 @@ class _Builder:
             profile.filters.append(plugin)
         if isinstance(plugin, Scorer):
             profile.scorers.append(WeightedScorer(plugin, 1.0 if weight is None else float(weight)))
+            if weight is None:
+                self.defaults.append(f"{path}.weight: 1.0 (no weight given for scorer {plugin.name!r})")
         elif weight is not None:
             self.warnings.append(f"{path}.weight: ignored, {_describe(plugin)} is not a scorer")
         if isinstance(plugin, Picker):
@@ -418,6 +461,8 @@ class _Builder:
             profile.picker = plugin
 
     def _default_profile(self) -> SchedulerProfile:
+        self.defaults.append(f"schedulingProfiles: one profile {DEFAULT_PROFILE!r} with every filter and scorer "
+                             "(weight 1.0) and the first picker (no profiles given)")
         profile = SchedulerProfile(name=DEFAULT_PROFILE)
         for plugin in self.plugins.values():
             if isinstance(plugin, Filter):
@@ -436,7 +481,7 @@ class _Builder:
         if handlers:
             handler = handlers[0]
         elif len(profiles) == 1:
-            created = self._add_default(SingleProfileHandler.type)
+            created = self._add_default(SingleProfileHandler.type, "one scheduling profile and no profile handler")
             assert isinstance(created, ProfileHandler)
             handler = created
         else:
@@ -450,11 +495,13 @@ class _Builder:
     def _pickers(self, profiles: list[SchedulerProfile]) -> None:
         if all(p.picker is not None for p in profiles):
             return
-        picker = self._first(Picker) or self._add_default(MaxScorePicker.type)
+        picker = self._first(Picker) or self._add_default(MaxScorePicker.type, "a profile without a picker")
         assert isinstance(picker, Picker)
         for profile in profiles:
             if profile.picker is None:
                 profile.picker = picker
+                self.defaults.append(f"schedulingProfiles[{profile.name}].picker: {picker.name!r} "
+                                     "(the profile names no picker)")
 
     # -- other sections --
 
@@ -462,7 +509,9 @@ class _Builder:
         section = root.get("saturationDetector")
         if section is None:
             found = self._first(UtilizationDetector, UtilizationDetector.type)
-            detector = found or self._add_default(UtilizationDetector.type)
+            detector = found or self._add_default(UtilizationDetector.type, "saturationDetector omitted")
+            if found is not None:
+                self.defaults.append(f"saturationDetector: the configured {_describe(found)} (section omitted)")
             assert isinstance(detector, SaturationDetector)
             return detector
         section = _mapping(section, "saturationDetector", ("pluginRef",))
@@ -478,24 +527,33 @@ class _Builder:
             raise ConfigError(f"{path}: no plugin named {ref!r} (defined: {', '.join(self.plugins) or 'none'})")
         return plugin
 
-    def _data_layer(self, root: dict[str, Any]) -> list[DataSourceBinding] | None:
+    def _default_binding(self, why: str) -> DataSourceBinding:
+        """The configured (else a created) metrics-data-source + core-metrics-extractor."""
+        plugins = []
+        for type_name in (METRICS_DATA_SOURCE, CORE_METRICS_EXTRACTOR):
+            found = self._first(Plugin, type_name)
+            if found is not None:
+                self.defaults.append(f"dataLayer: the configured {_describe(found)} ({why})")
+            plugins.append(found or self._add_default(type_name, why))
+        return DataSourceBinding(plugins[0], [plugins[1]])
+
+    def _data_layer(self, root: dict[str, Any], gates: frozenset[str]) -> list[DataSourceBinding] | None:
+        if LEGACY_METRICS_GATE in gates:
+            return self._legacy_data_layer(root)
         if "dataLayer" not in root:
-            source = self._first(Plugin, METRICS_DATA_SOURCE) or self._add_default(METRICS_DATA_SOURCE)
-            extractor = self._first(Plugin, CORE_METRICS_EXTRACTOR) or self._add_default(CORE_METRICS_EXTRACTOR)
-            return [DataSourceBinding(source, [extractor])]
+            return [self._default_binding("dataLayer omitted")]
         section = root["dataLayer"]
         section = _mapping({} if section is None else section, "dataLayer", ("sources",))
         bindings: list[DataSourceBinding] = []
-        seen: set[str] = set()
         for i, entry in enumerate(_list(section.get("sources"), "dataLayer.sources")):
             path = f"dataLayer.sources[{i}]"
             entry = _mapping(entry, path, ("pluginRef", "extractors"))
             source = self._ref(entry.get("pluginRef"), f"{path}.pluginRef")
             if source.type not in DATA_SOURCE_TYPES:
                 raise ConfigError(f"{path}.pluginRef: {_describe(source)} is not a data source")
-            if source.name in seen:
-                raise ConfigError(f"{path}.pluginRef: data source {source.name!r} is listed twice")
-            seen.add(source.name)
+            if bindings:
+                raise ConfigError(f"{path}: only one data source is supported (each endpoint is scraped from one "
+                                  f"metrics endpoint, {_describe(bindings[0].source)}); remove the others")
             extractors: list[Plugin] = []
             for j, ext_entry in enumerate(_list(entry.get("extractors"), f"{path}.extractors")):
                 ext_path = f"{path}.extractors[{j}]"
@@ -503,20 +561,40 @@ class _Builder:
                 extractor = self._ref(ext_entry.get("pluginRef"), f"{ext_path}.pluginRef")
                 if extractor.type not in DATA_EXTRACTOR_TYPES:
                     raise ConfigError(f"{ext_path}.pluginRef: {_describe(extractor)} is not a metrics extractor")
+                if extractors:
+                    raise ConfigError(f"{ext_path}: only one extractor per source is supported (one "
+                                      f"core-metrics-extractor reads every engine's metrics; its engineConfigs "
+                                      f"add or change engines)")
                 extractors.append(extractor)
+            if not extractors:
+                raise ConfigError(f"{path}.extractors: a source needs one extractor (e.g. core-metrics-extractor); "
+                                  "to turn metric collection off, give `dataLayer: {sources: []}`")
             bindings.append(DataSourceBinding(source, extractors))
         return bindings or None
 
-    def _parser(self, root: dict[str, Any]) -> str:
+    def _legacy_data_layer(self, root: dict[str, Any]) -> list[DataSourceBinding]:
+        """`enableLegacyMetrics`: collect as the reference's legacy polling does, from
+        `http://<pod>:<port>/metrics` with the built-in metric names, whatever `dataLayer` says."""
+        if "dataLayer" in root:
+            self.warnings.append(f"dataLayer: ignored, the {LEGACY_METRICS_GATE} feature gate collects metrics the "
+                                 "legacy way (a default metrics-data-source and core-metrics-extractor)")
+        why = f"the {LEGACY_METRICS_GATE} feature gate (legacy metrics collection)"
+        source = self._add_default(METRICS_DATA_SOURCE, why)
+        extractor = self._add_default(CORE_METRICS_EXTRACTOR, why)
+        return [DataSourceBinding(source, [extractor])]
+
+    def _parser(self, root: dict[str, Any]) -> Plugin:
         section = root.get("parser")
         if section is None:
-            parser = self._first(RequestParser) or self._add_default(DEFAULT_PARSER)
-            return parser.type
+            found = self._first(RequestParser)
+            if found is not None:
+                self.defaults.append(f"parser: the configured {_describe(found)} (section omitted)")
+            return found or self._add_default(DEFAULT_PARSER, "parser omitted")
         section = _mapping(section, "parser", ("pluginRef",))
         plugin = self._ref(section.get("pluginRef"), "parser.pluginRef")
         if not isinstance(plugin, RequestParser):
             raise ConfigError(f"parser.pluginRef: {_describe(plugin)} is not a request parser")
-        return plugin.type
+        return plugin
 
     def _flow_control(self, root: dict[str, Any], gates: frozenset[str]) -> dict[str, Any] | None:
         present = "flowControl" in root
@@ -538,13 +616,61 @@ class _Builder:
         for key, type_name in (("fairness", DEFAULT_FAIRNESS), ("ordering", DEFAULT_ORDERING),
                                ("usageLimit", DEFAULT_USAGE_LIMIT)):
             found = self._first(Plugin, type_name)
-            defaults[key] = (found or self._add_default(type_name)).name
+            defaults[key] = (found or self._add_default(type_name, f"the flow-control default {key} policy")).name
         return parse_flow_control(raw, self._resolve_policy, defaults=defaults)
 
     def _resolve_policy(self, ref: str, path: str, kind: type[Any]) -> Any:
         plugin = self.plugins.get(ref)
         if plugin is None and ref in {cls.type for cls in FLOW_CONTROL_CLASSES}:
             plugin = self.plugins[ref] = self._create(self.types[ref], ref, None, f"<default {ref}>")
+            self.injected[ref] = f"{path} names the policy type (created with default parameters)"
         if plugin is None:
             raise ConfigError(f"{path}: no plugin named {ref!r} (defined: {', '.join(self.plugins) or 'none'})")
         return check_plugin(plugin, path, kind)
+
+    # -- plugins nothing uses --
+
+    def _unused(self, profiles: list[SchedulerProfile], handler: ProfileHandler, detector: SaturationDetector,
+                data_layer: list[DataSourceBinding] | None, parser: Plugin,
+                flow_control: FlowControlConfig | None) -> None:
+        """Warn about every configured plugin that nothing will call: a scorer left out of every
+        profile, a data source with collection off, a policy while flow control is off, ..."""
+        used: set[int] = {id(handler), id(detector), id(parser)}
+        for profile in profiles:
+            used.update(id(p) for p in profile.filters)
+            used.update(id(ws.scorer) for ws in profile.scorers)
+            used.add(id(profile.picker))
+        for binding in data_layer or ():
+            used.add(id(binding.source))
+            used.update(id(e) for e in binding.extractors)
+        if flow_control is not None:
+            used.add(id(flow_control.usage_limit))
+            for band in (flow_control.default_band, *flow_control.bands.values()):
+                used.update((id(band.fairness), id(band.ordering)))
+        always = (DataProducer, PreRequest, ResponseReceived, ResponseComplete)  # called on every request
+        for plugin in self.plugins.values():
+            if id(plugin) in used or isinstance(plugin, always) or plugin.name in self.injected:
+                continue
+            if plugin.type in _ALWAYS_ON:
+                self.defaults.append(f"plugins: {_describe(plugin)} {_ALWAYS_ON[plugin.type]}")
+                continue
+            self.warnings.append(f"plugins: {_describe(plugin)} is configured but not used ({_why_unused(plugin)})")
+
+
+# Reference types accepted for compatibility whose work this EPP always does anyway.
+_ALWAYS_ON = {
+    "inflight-load-producer": "is accepted for compatibility: request control always counts in-flight "
+                              "requests and tokens per endpoint, at pick time",
+}
+
+
+def _why_unused(plugin: Plugin) -> str:
+    if plugin.type in DATA_SOURCE_TYPES or plugin.type in DATA_EXTRACTOR_TYPES:
+        return "not bound in dataLayer.sources"
+    if isinstance(plugin, RequestParser):
+        return "the parser section names another parser"
+    if isinstance(plugin, SaturationDetector):
+        return "not the saturationDetector and in no scheduling profile"
+    if plugin.type in {cls.type for cls in FLOW_CONTROL_CLASSES}:
+        return "flow control is off or no band refers to it"
+    return "in no scheduling profile"

@@ -147,7 +147,7 @@ plugins:
 
 def test_full_gie_style_config() -> None:
     config = load("""
-featureGates: [dataLayer, enableLegacyMetrics]
+featureGates: [dataLayer]
 plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
@@ -164,7 +164,7 @@ plugins:
   parameters: {scheme: https, path: /custom/metrics, insecureSkipVerify: false}
 - type: core-metrics-extractor
   parameters: {defaultEngine: sglang}
-- type: passthrough-parser
+- type: openai-parser
 schedulingProfiles:
 - name: default
   plugins:
@@ -182,7 +182,7 @@ dataLayer:
     extractors:
     - pluginRef: core-metrics-extractor
 parser:
-  pluginRef: passthrough-parser
+  pluginRef: openai-parser
 """)
     profile = config.scheduler.profiles["default"]
     assert weights(config) == {"queue-scorer": 2.0, "kv-cache-utilization-scorer": 1.0,
@@ -190,9 +190,10 @@ parser:
     assert profile.filters == [config.plugins["sat"]] and profile.picker is config.plugins["picker"]
     assert isinstance(config.saturation_detector, ConcurrencyDetector) and config.saturation_detector.mode == "tokens"
     assert config.data_source.scheme == "https" and config.extractor.default_engine == "sglang"
-    assert config.parser == "passthrough-parser"
-    assert config.feature_gates == {"dataLayer", "enableLegacyMetrics"}
+    assert config.parser == "openai-parser"
+    assert config.feature_gates == {"dataLayer"}
     assert config.warnings == ["featureGates[0]: dataLayer is deprecated, the data layer is always on"]
+    assert config.injected == {}  # everything this config runs with, it names
     assert "utilization-detector" not in config.plugins and "max-score-picker" not in config.plugins
 
 
