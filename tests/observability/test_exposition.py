@@ -12,10 +12,11 @@ from collections.abc import Iterator
 
 import aiohttp
 import orjson
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from epp.observability.server import EXPOSITION_THREAD
+from epp.observability.server import EXPOSITION_THREAD, Exposition
 from epp.runner import EndpointPicker
 from tests.conftest import channel_to, running_picker
 from tests.extproc.client import ExtProcClient, body_msg, headers_msg, request_headers, set_headers
@@ -100,3 +101,21 @@ async def test_concurrent_scrapes_share_one_build() -> None:
         texts = await asyncio.gather(first, *others)
         assert all("test_probe 1.0" in t for t in texts)
         assert len(probe.threads) <= 2  # one build for the five (a straggler may start a second)
+
+
+async def test_a_build_is_reused_for_scrapes_within_the_minimum_interval() -> None:
+    """However fast clients fetch /metrics, builds are bounded: a recent one is served again."""
+    registry = CollectorRegistry()
+    probe = Probe()
+    registry.register(probe)
+    probe.reset()
+    cached, fresh = Exposition(registry, min_interval=3600.0), Exposition(registry, min_interval=0.0)
+    try:
+        assert [await cached.render() for _ in range(5)] == [await cached.render()] * 5
+        assert len(probe.threads) == 1
+        for _ in range(3):
+            await fresh.render()
+        assert len(probe.threads) == 4
+    finally:
+        cached.close()
+        fresh.close()
