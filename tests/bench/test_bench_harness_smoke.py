@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import common, cost, overhead, routing
+from bench import common, cost, metrics_scrape, overhead, routing
 from bench.arms import arm
 from bench.pods import PodSpec
 
@@ -69,3 +69,15 @@ def test_overhead_tiny(tmp_path: Path) -> None:
     _no_children_left()
     assert rc == 0
     assert "envoy + epp" in out.read_text()
+
+
+def test_metrics_scrape_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "metrics-scrape.md"
+    rc = metrics_scrape.main(["--names", "40", "--duration", "0.3", "--rounds", "1", "--concurrency", "2",
+                              "--out", str(out)])
+    _no_children_left()
+    assert rc == 0
+    text = out.read_text()
+    assert "| quiet |" in text and "| scraped |" in text and "Scraped / quiet" in text
+    figures = json.loads((tmp_path / "metrics-scrape.json").read_text())
+    assert 0 < figures["metrics_bytes"] < 1 << 20 and figures["scrapes"] > 0
