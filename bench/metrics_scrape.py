@@ -106,7 +106,8 @@ async def measure(args: argparse.Namespace) -> str:
                  f"After {args.names} requests with new 200-character model names; 2 simulated pods, Envoy, EPP with "
                  f"TLS and the default config. {args.concurrency} closed-loop clients, {args.rounds} rounds of "
                  f"{args.duration:.0f} s per window, alternating; in the scraped windows /metrics is fetched "
-                 + (f"{args.scrape_rate:g} times a second." if args.scrape_rate > 0 else "back to back by two clients."),
+                 + (f"{args.scrape_rate:g} times a second." if args.scrape_rate > 0
+                    else "back to back by two clients."),
                  "",
                  "| window | req/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
         for name, m in merged.items():

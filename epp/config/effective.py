@@ -109,7 +109,7 @@ def describe(config: LoadedConfig) -> dict[str, Any]:
         "featureGates": sorted(config.feature_gates),
         "plugins": plugins,
         "schedulingProfiles": profiles,
-        "profileHandler": config.profile_handler.name if config.profile_handler is not None else None,
+        "profileHandler": config.scheduler.handler.name,
         "saturationDetector": getattr(config.saturation_detector, "name", type(config.saturation_detector).__name__),
         "dataLayer": data_layer,
         "parser": config.parser,

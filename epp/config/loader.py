@@ -58,6 +58,7 @@ from typing import Any
 import yaml
 
 from epp.config.defaults import DEFAULT_CONFIG
+from epp.config.effective import describe
 from epp.params import ConfigError, Params
 from epp.config.parsers import DEFAULT_PARSER, UNSUPPORTED_PARSERS, RequestParser
 from epp.config.plugin_types import (
@@ -137,12 +138,9 @@ class LoadedConfig:
     flow_control_config: FlowControlConfig | None = None  # validated; None unless the gate is on
     injected: dict[str, str] = field(default_factory=dict)  # plugin name -> why a default created it
     defaults: list[str] = field(default_factory=list)  # every other default applied, as "field: what"
-    profile_handler: Plugin | None = None
 
     def effective(self) -> dict[str, Any]:
         """The configuration as it runs, every default included (see `epp.config.effective`)."""
-        from epp.config.effective import describe
-
         return describe(self)
 
     @property
@@ -329,7 +327,6 @@ class _Builder:
             flow_control_config=flow_control_config,
             injected=self.injected,
             defaults=self.defaults,
-            profile_handler=handler,
         )
 
     # -- header and gates --

@@ -179,7 +179,6 @@ def _histogram_lines(buckets: Sequence[float]) -> int:
 
 
 _COUNTER_LINES = 2  # _total, _created
-M = Kind.MODEL
 
 
 class EppMetrics:
@@ -266,11 +265,11 @@ class EppMetrics:
 
         hist = _histogram_lines
         self._request_total = family("inference_objective_request_total", [*mt, "priority"],
-                                     [M, M, Kind.PRIORITY], _COUNTER_LINES)
+                                     [Kind.MODEL, Kind.MODEL, Kind.PRIORITY], _COUNTER_LINES)
         self._request_error = family("inference_objective_request_error_total", [*mt, "error_code"],
-                                     [M, M, None], _COUNTER_LINES)
+                                     [Kind.MODEL, Kind.MODEL, None], _COUNTER_LINES)
         self._by_model = {
-            name: family(name, mt, [M, M], hist(buckets)) for name, buckets in (
+            name: family(name, mt, [Kind.MODEL, Kind.MODEL], hist(buckets)) for name, buckets in (
                 ("inference_objective_request_duration_seconds", _DURATION_BUCKETS),
                 ("inference_objective_request_sizes", _SIZE_BUCKETS),
                 ("inference_objective_response_sizes", _SIZE_BUCKETS),
@@ -279,15 +278,17 @@ class EppMetrics:
                 ("inference_objective_prompt_cached_tokens", _TOKEN_BUCKETS),
                 ("inference_objective_normalized_time_per_output_token_seconds", _NTPOT_BUCKETS),
             )}
-        self._running = family("inference_objective_running_requests", ["model_name"], [M], 1)
+        self._running = family("inference_objective_running_requests", ["model_name"], [Kind.MODEL], 1)
         self._attempts = family("inference_extension_scheduler_attempts_total",
                                 ["status", "target_model_name", "pod_name", "namespace", "port"],
-                                [None, M, Kind.ENDPOINT, Kind.ENDPOINT, Kind.ENDPOINT], _COUNTER_LINES)
+                                [None, Kind.MODEL, Kind.ENDPOINT, Kind.ENDPOINT, Kind.ENDPOINT], _COUNTER_LINES)
+        # queue_size and queue_bytes move together: one family of two lines per label set
         self._flow_queue = family("inference_extension_flow_control_queue_size", _FLOW_QUEUE_LABELS,
-                                  [Kind.FAIRNESS, Kind.PRIORITY, None, M, M], 2)  # size and bytes together
+                                  [Kind.FAIRNESS, Kind.PRIORITY, None, Kind.MODEL, Kind.MODEL], 2)
         self._flow_duration = family("inference_extension_flow_control_request_queue_duration_seconds",
                                      ["fairness_id", "priority", "outcome", "inference_pool", *mt],
-                                     [Kind.FAIRNESS, Kind.PRIORITY, None, None, M, M], hist(_QUEUE_BUCKETS))
+                                     [Kind.FAIRNESS, Kind.PRIORITY, None, None, Kind.MODEL, Kind.MODEL],
+                                     hist(_QUEUE_BUCKETS))
         self._flow_enqueue = family("inference_extension_flow_control_request_enqueue_duration_seconds",
                                     ["fairness_id", "priority", "outcome"], [Kind.FAIRNESS, Kind.PRIORITY, None],
                                     hist(_CYCLE_BUCKETS))
