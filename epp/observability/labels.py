@@ -170,7 +170,9 @@ class BoundedFamily:
         self.series = 0  # lines of this family
         self._admitted: set[tuple[str, ...]] = set()
 
-    def admit(self, values: Sequence[str]) -> tuple[str, ...]:
+    def admit(self, values: tuple[str, ...]) -> tuple[str, ...]:
+        if values in self._admitted:  # the common case: values seen before, all within bounds
+            return values
         guard = self.guard
         out = list(values)
         for i, kind in enumerate(self.kinds):
