@@ -39,7 +39,11 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
     found: dict[str, Any] = {}
     problems: list[str] = []
 
+    unstarted = bool(mapping.zero_when_absent) and (mapping.zero_when_absent.encode() in body or not body.strip())
     for specs, key in ((mapping.queued, "waiting_queue_size"), (mapping.running, "running_requests")):
+        if unstarted and specs and _latest(specs, samples) is None:
+            found[key] = 0  # the exporter creates the gauge on first use: nothing has happened yet
+            continue
         value = _latest_value(specs, samples, problems)
         if value is not None:
             found[key] = max(0, int(value))
