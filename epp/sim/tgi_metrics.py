@@ -73,9 +73,9 @@ class TgiMetrics:
 
     # -- the router (HTTP handlers)
 
-    def request_received(self, chat: bool = False) -> None:
-        # The Messages API counts a request in its handler and again in generate_internal.
-        self.inc("tgi_request_count", by=2.0 if chat else 1.0)
+    def request_received(self, openai: bool = False) -> None:
+        # The OpenAI-style handlers count a request, then generate_internal counts it again.
+        self.inc("tgi_request_count", by=2.0 if openai else 1.0)
 
     def request_failed(self, err: str) -> None:
         self.inc("tgi_request_failure", f'err="{err}"')

@@ -91,6 +91,11 @@ _CHAT_TYPES = {  # ChatRequest
     "tools": "any?", "tool_prompt": "string?", "tool_choice": "any?", "response_format": "any?",
     "stream_options": "any?", "logit_bias": "any?",
 }
+_COMPLETION_TYPES = {  # CompletionRequest
+    "model": "string?", "prompt": "any", "max_tokens": "u32?", "temperature": "f32?", "top_p": "f32?",
+    "stream": "bool", "seed": "u64?", "suffix": "string?", "repetition_penalty": "f32?",
+    "frequency_penalty": "f32?", "stop": "[string]?",
+}
 _EXPECTED = {"usize": "usize", "u32": "u32", "u64": "u64", "i32": "i32", "f32": "f32", "bool": "a boolean",
              "string": "a string", "[string]": "a sequence"}
 _INT_LIMITS = {"u32": (0, 2**32 - 1), "usize": (0, 2**64 - 1), "u64": (0, 2**64 - 1), "i32": (-2**31, 2**31 - 1)}
@@ -304,4 +309,63 @@ def validate_chat(chat: Chat, limits: Limits) -> Generation:
     """TGI's validation of the generation a chat request becomes; raises `TgiError`."""
     gen = _validate(chat.params, chat.inputs, limits, stream=False, default_sampling=True)
     gen.ignored = chat.ignored
+    return gen
+
+
+@dataclass(slots=True)
+class Completion:
+    """A `/v1/completions` request as the `completions` handler turns it into generations."""
+
+    params: dict[str, Any]
+    prompts: list[str]
+    stream: bool
+    suffix: bool
+    ignored: list[str]
+
+
+def parse_completion(raw: bytes, content_type: str) -> Completion:
+    """A `CompletionRequest` through axum and serde; raises `Rejection`."""
+    body = decode(raw, content_type)
+    ignored: list[str] = []
+    _check(raw, body, _COMPLETION_TYPES, "", ignored)
+    if "prompt" not in body:
+        raise _shape_error(raw, "missing field `prompt`")
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        if not prompt:
+            raise _shape_error(raw, "prompt: Empty array detected. Do not use an empty array for the prompt.")
+        prompts = list(prompt)
+    else:
+        raise _shape_error(raw, "prompt: data did not match any variant of untagged enum PromptDeserializer")
+    temperature = body.get("temperature")
+    model = body.get("model")
+    params = {
+        "max_new_tokens": body.get("max_tokens"), "stop": body.get("stop") or [], "seed": body.get("seed"),
+        "top_p": body.get("top_p"), "temperature": None if temperature == 0 else temperature,
+        "do_sample": temperature != 0, "repetition_penalty": body.get("repetition_penalty"),
+        "frequency_penalty": body.get("frequency_penalty"), "details": True,
+        "adapter_id": model if model != "tgi" else None,
+    }
+    return Completion(params=params, prompts=prompts, stream=body.get("stream") is True,
+                      suffix=body.get("suffix") is not None, ignored=ignored)
+
+
+def check_completion(c: Completion, max_client_batch_size: int = 4) -> None:
+    """The `completions` handler's own checks, before any generation; raises `TgiError`."""
+    if c.suffix:
+        raise TgiError(422, "Suffix is not supported and can be achieved by preprocessing the prompt.",
+                       "suffix not supported")
+    if len(c.prompts) > max_client_batch_size:
+        raise TgiError(422, f"Number of prompts exceeds the maximum allowed batch size of {max_client_batch_size}",
+                       "batch size exceeded")
+
+
+def validate_completion(c: Completion, limits: Limits) -> Generation:
+    """TGI's validation of the generation a (one-prompt) completion becomes; raises `TgiError`."""
+    if len(c.prompts) > 1:
+        raise validation_error("the simulator supports one prompt per request")
+    gen = _validate(c.params, c.prompts[0], limits, stream=c.stream, default_sampling=True)
+    gen.ignored = c.ignored
     return gen

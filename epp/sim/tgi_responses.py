@@ -105,6 +105,36 @@ def chat_usage_chunk(created: int, model: str, prompt: int, completion: int) -> 
     }) + b"\n\n"
 
 
+def completion_body(created: int, model: str, text: str, reason: str | None, prompt: int, completion: int) -> bytes:
+    """`Completion::Final` (`object` first); non-streamed, the finish reason is `format(true)`."""
+    return orjson.dumps({
+        "object": "text_completion", "id": "", "created": created, "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": chat_finish_reason(reason)}],
+        "usage": _usage(prompt, completion),
+    })
+
+
+def completion_chunk(created: int, model: str, text: str) -> bytes:
+    """`Completion::Chunk`: every streamed token but the last (an empty finish reason)."""
+    return b"data:" + orjson.dumps({
+        "object": "text_completion", "id": "", "created": created,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": ""}],
+        "model": model, "system_fingerprint": SYSTEM_FINGERPRINT,
+    }) + b"\n\n"
+
+
+def completion_final_event(created: int, model: str, text: str, reason: str | None, prompt: int,
+                           completion: int) -> bytes:
+    """The last streamed token, as `Completion::Final` with usage (the reason as TGI names it)."""
+    return b"data:" + orjson.dumps({
+        "object": "text_completion", "id": "", "created": created, "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}],
+        "usage": _usage(prompt, completion),
+    }) + b"\n\n"
+
+
 def info_body(model_id: str, max_input_tokens: int, max_total_tokens: int, max_concurrent_requests: int) -> bytes:
     """`Info` (router/src/lib.rs), with the launcher's defaults."""
     return orjson.dumps({

@@ -4,8 +4,8 @@
 (`epp sim --engine tgi`). The engine, its step loop and the request lifecycle are the pod's, the
 same continuous-batching model as the vLLM pods: a handler adds a request, sleeps on its waiter
 and aborts the request if the client leaves, exactly as SimPod's own handlers do. What is TGI's
-here: the routes (`/generate`, `/generate_stream`, `/v1/chat/completions`, `/info`, `/health`,
-`/v1/models`, `/metrics`), request validation and error shapes (`epp.sim.tgi_protocol`),
+here: the routes (`/generate`, `/generate_stream`, `/v1/chat/completions`, `/v1/completions`,
+`/info`, `/health`, `/v1/models`, `/metrics`), request validation and error shapes (`epp.sim.tgi_protocol`),
 response bodies, events and headers (`epp.sim.tgi_responses`), the concurrency limit
 (`--max-concurrent-requests`, 429 beyond it) and the metrics (`epp.sim.tgi_metrics`,
 `epp.sim.tgi_exposition`). TGI has no request priority: every request is engine priority 0.
@@ -28,9 +28,10 @@ from epp.sim.request import Request
 from epp.sim.server import SimPod, _Waiter
 from epp.sim.tgi_exposition import CONTENT_TYPE, TgiExposition
 from epp.sim.tgi_metrics import TgiMetrics
-from epp.sim.tgi_protocol import (Generation, Limits, Rejection, TgiError, parse_chat, parse_generate,
-                                  validate_chat, validate_generate)
 from epp.sim import tgi_responses as out
+from epp.sim.tgi_protocol import (Generation, Limits, Rejection, TgiError, check_completion, parse_chat,
+                                  parse_completion, parse_generate, validate_chat, validate_completion,
+                                  validate_generate)
 
 _JSON = "application/json"
 _TEXT = "text/plain"
@@ -77,6 +78,7 @@ class TgiRouter:
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/generate_stream", self._generate_stream)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/info", self._info)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
@@ -251,7 +253,7 @@ class TgiRouter:
                 return _text(e)
             self._note_ignored(chat.ignored)
             metrics = self.metrics
-            metrics.request_received(chat=True)
+            metrics.request_received(openai=True)
             model = chat.model if chat.model not in (None, "tgi") else self.pod.config.model
             created = int(time.time())
             resp: web.StreamResponse | None = await self._open_stream(request, len(chat.inputs)) if chat.stream else None
@@ -292,6 +294,60 @@ class TgiRouter:
             if resp is None:
                 return web.Response(body=out.chat_body(created, model, token_text(req.salt, 0, n), req.finish_reason,
                                                        gen.input_length, n),
+                                    content_type=_JSON, headers=self._timings(gen, req))
+            await resp.write(out.DONE)
+            await resp.write_eof()
+            return resp
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        with self._tracked():
+            raw = await request.read()
+            try:
+                completion = parse_completion(raw, request.headers.get("Content-Type", ""))
+            except Rejection as e:
+                return _text(e)
+            self._note_ignored(completion.ignored)
+            metrics = self.metrics
+            model, created = self.pod.config.model, int(time.time())  # TGI names its own model here
+            metrics.request_received()  # the handler counts it, and generate_internal again below
+            try:
+                check_completion(completion)
+                metrics.request_received()
+                if self.in_flight >= self.limits.max_concurrent_requests:
+                    metrics.request_failed("overloaded")
+                    return _json_error(_OVERLOADED)
+                gen = validate_completion(completion, self.limits)
+            except TgiError as e:
+                metrics.request_failed("validation")
+                return _json_error(e)
+            metrics.request_validated(gen.input_length, gen.max_new_tokens)
+            resp = await self._open_stream(request, len(gen.inputs)) if completion.stream else None
+            self.in_flight += 1
+            req: Request | None = None
+            try:
+                req = self._submit(gen, stream=completion.stream)
+                sent = 0
+                async for n in self._tokens(req):
+                    if resp is None:
+                        continue
+                    events = []
+                    for i in range(sent, n):
+                        text = out.token(req.salt, i)["text"]
+                        if req.is_finished and i == n - 1:
+                            events.append(out.completion_final_event(created, model, text, req.finish_reason,
+                                                                     gen.input_length, n))
+                        else:
+                            events.append(out.completion_chunk(created, model, text))
+                    sent = n
+                    if events:
+                        await resp.write(b"".join(events))
+            finally:
+                self._release(req)
+            metrics.request_succeeded(req)
+            n = req.num_output_tokens
+            if resp is None:
+                return web.Response(body=out.completion_body(created, model, token_text(req.salt, 0, n),
+                                                             req.finish_reason, gen.input_length, n),
                                     content_type=_JSON, headers=self._timings(gen, req))
             await resp.write(out.DONE)
             await resp.write_eof()

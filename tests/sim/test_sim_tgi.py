@@ -248,3 +248,16 @@ def test_the_cli_switch() -> None:
     assert cli.config_from_args(parser.parse_args([])).server == "vllm"
     with pytest.raises(ValueError, match="unknown server"):
         SimConfig(server="llamacpp").validate()  # type: ignore[arg-type]
+
+
+async def test_completions_api_answers_as_tgi(pod: SimPod, http: aiohttp.ClientSession) -> None:
+    status, headers, text = await post(http, pod, "/v1/completions", {"model": "tgi", "prompt": "What is", "max_tokens": 3})
+    body = orjson.loads(text)
+    assert status == 200 and list(body) == ["object", "id", "created", "model", "system_fingerprint", "choices", "usage"]
+    assert body["usage"]["completion_tokens"] == 3 and headers["x-generated-tokens"] == "3"
+    status, _, text = await post(http, pod, "/v1/completions", {"prompt": ["What is"], "max_tokens": 2, "stream": True})
+    got = events(text)
+    assert got[-1] == "[DONE]" and got[0]["choices"][0]["finish_reason"] == "" and "usage" not in got[0]
+    assert got[-2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    status, _, text = await post(http, pod, "/v1/completions", {"prompt": "x", "suffix": "y"})
+    assert status == 422 and orjson.loads(text)["error_type"] == "suffix not supported"
