@@ -256,7 +256,7 @@ class TgiRouter:
             metrics.request_received(openai=True)
             model = chat.model if chat.model not in (None, "tgi") else self.pod.config.model
             created = int(time.time())
-            resp: web.StreamResponse | None = await self._open_stream(request, len(chat.inputs)) if chat.stream else None
+            resp = await self._open_stream(request, len(chat.inputs)) if chat.stream else None
             try:
                 if self.in_flight >= self.limits.max_concurrent_requests:
                     metrics.request_failed("overloaded")
