@@ -155,8 +155,10 @@ def _last_event(block: bytes, end: int) -> tuple[int, int] | None:
             stop = block.find(b"\n", i, end)
             stop = end if stop < 0 else stop
             start = i + len(_SSE_DATA)
-            payload = block[start:stop].strip()
-            if payload and payload != _DONE:
+            if start < stop and block[start] == 0x20:  # "data: {...}" (SGLang) or "data:{...}" (TGI)
+                start += 1
+            # Looked at in place: an event can be large (SGLang repeats the whole text in each).
+            if stop - start > 2 and not block.startswith(_DONE, start):
                 return start, stop
         pos = i
 
