@@ -55,7 +55,7 @@ class EngineMapping:
     # of the engine's metric names. A good scrape that is empty, or has other metrics with this
     # prefix, but not the queue or batch gauge is a server that has not queued a request: 0. A
     # body with none of the engine's metrics is not its exporter (a mislabelled pod): not found.
-    zero_when_absent: str = ""
+    first_use_prefix: str = ""
     # What this engine cannot tell the EPP, logged once per endpoint that uses the mapping.
     caveat: str = ""
     primary: WantedNames = field(init=False, repr=False, compare=False)
@@ -90,7 +90,7 @@ TGI_MAPPING = EngineMapping(
     running=specs("tgi_batch_current_size"),
     # Per request: inference time / generated tokens, recorded when the request ends.
     itl=specs("tgi_request_mean_time_per_token_duration"),
-    zero_when_absent="tgi_",
+    first_use_prefix="tgi_",
     caveat=("TGI exports no KV-cache utilisation (tgi_batch_max_total_tokens never reaches /metrics): "
             "kv_cache_usage stays 0, so saturation and scoring use its queue and batch size "
             "(tgi_queue_size, tgi_batch_current_size) and the EPP's own in-flight accounting; "

@@ -39,9 +39,8 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
     found: dict[str, Any] = {}
     problems: list[str] = []
 
-    unstarted = bool(mapping.zero_when_absent) and (mapping.zero_when_absent.encode() in body or not body.strip())
     for specs, key in ((mapping.queued, "waiting_queue_size"), (mapping.running, "running_requests")):
-        if unstarted and specs and _latest(specs, samples) is None:
+        if mapping.first_use_prefix and specs and _latest(specs, samples) is None and _unstarted(mapping, body):
             found[key] = 0  # the exporter creates the gauge on first use: nothing has happened yet
             continue
         value = _latest_value(specs, samples, problems)
@@ -79,6 +78,11 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
     if not found:
         return Extraction(None, tuple(problems))
     return Extraction(replace(previous, update_time=now, **found), tuple(problems))
+
+
+def _unstarted(mapping: EngineMapping, body: bytes) -> bool:
+    """An exporter of the engine that has created no gauge yet: empty, or only its other metrics."""
+    return not body or body.isspace() or mapping.first_use_prefix.encode() in body
 
 
 def _histogram_totals(specs: Specs, samples: dict[str, list[Sample]]) -> tuple[float, float] | None:
