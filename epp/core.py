@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from epp.config.loader import LoadedConfig, load_config
+from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
 from epp.datastore import Datastore
 from epp.flowcontrol.admission import Admission
 from epp.flowcontrol.factory import build_admission
@@ -52,6 +53,10 @@ def build_core(
         observe_plugins(config, datastore, metrics)
     admission = build_admission(config.flow_control_config, config.saturation_detector, datastore,
                                 tick=tick, metrics=metrics)
+    if isinstance(config.extractor, CoreMetricsExtractor):
+        # One answer to "which engine is this pod" for its metrics, the APIs it serves and the
+        # body fields it gets (the extractor's engine label key and default engine).
+        admission.engine_of = config.extractor.engine_of
     director = Director(
         datastore,
         config.scheduler,

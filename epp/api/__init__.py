@@ -1,4 +1,4 @@
-"""OpenAI-style request and response bodies: parsing, validation, usage accounting."""
+"""Request and response bodies: OpenAI, TGI and SGLang native APIs; parsing, validation, usage."""
 
 from epp.api.request import CHARS_PER_TOKEN, Api, InferenceRequest, api_for_path, parse_request
 

@@ -1,22 +1,28 @@
-"""OpenAI request bodies → `InferenceRequest`, the one request type every layer below reads.
+"""Request bodies → `InferenceRequest`, the one request type every layer below reads.
 
-Parsing follows the reference's `openai-parser`: the API is chosen by the path suffix (unknown
-paths are treated as completions), the body must be a JSON object with a string `model`, and the
-field the API needs (`prompt`, `messages`, ...) must be present and non-empty.
+The API is chosen by the path (`epp.api.apis`). OpenAI bodies follow the reference's
+`openai-parser`: unknown paths are treated as completions, the body must be a JSON object with a
+string `model`, and the field the API needs (`prompt`, `messages`, ...) must be present and
+non-empty. The engines' native APIs are parsed in their own modules (`epp.api.tgi`,
+`epp.api.sglang`); TGI and SGLang share `/generate` and are told apart by the body.
 """
 
 from __future__ import annotations
 
-import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
-
-import math
 
 import orjson
 
 from epp.api import headers as h
-from epp.errors import Code, EppError
+from epp.api.apis import Api, BodyFields, api_for_path, bad_request
+from epp.api.sglang import INPUT_FIELDS as SGLANG_INPUTS
+from epp.api.sglang import parse_sglang
+from epp.api.tgi import parse_tgi
+
+__all__ = ["CHARS_PER_TOKEN", "Api", "InferenceRequest", "api_for_path", "parse_body", "parse_request",
+           "prompt_bytes", "slo_seconds"]
 
 CHARS_PER_TOKEN = 4  # the reference's fixed estimate; also used by the prefix hasher
 # Longest `model` accepted. vLLM itself has no cap (an unknown name is a 404 NotFound, "The model
@@ -26,39 +32,13 @@ CHARS_PER_TOKEN = 4  # the reference's fixed estimate; also used by the prefix h
 MAX_MODEL_NAME_BYTES = 1024
 
 
-class Api(str, enum.Enum):
-    COMPLETIONS = "completions"
-    CHAT_COMPLETIONS = "chat/completions"
-    RESPONSES = "responses"
-    CONVERSATIONS = "conversations"
-    EMBEDDINGS = "embeddings"
-
-
-# Longest suffix first, so "/chat/completions" is not taken for "/completions".
-_PATH_SUFFIXES: tuple[tuple[str, Api], ...] = (
-    ("/chat/completions", Api.CHAT_COMPLETIONS),
-    ("/completions", Api.COMPLETIONS),
-    ("/responses", Api.RESPONSES),
-    ("/conversations", Api.CONVERSATIONS),
-    ("/embeddings", Api.EMBEDDINGS),
-)
-
-
-def api_for_path(path: str) -> Api:
-    path = path.split("?", 1)[0].rstrip("/")
-    for suffix, api in _PATH_SUFFIXES:
-        if path.endswith(suffix):
-            return api
-    return Api.COMPLETIONS
-
-
 @dataclass(slots=True)
 class InferenceRequest:
     """A parsed inference request plus the routing context the proxy sent with it."""
 
     request_id: str
     api: Api
-    model: str  # as the client sent it
+    model: str  # as the client sent it; native APIs: the adapter named, else the engine ("tgi")
     target_model: str  # after rewrite; what the model server is asked for
     body: dict[str, Any] | None  # None for header-only requests
     prompt: bytes = b""  # the text prefix-affinity hashes (see `prompt_bytes`)
@@ -90,18 +70,14 @@ class InferenceRequest:
         return self.target_model != self.model
 
 
-def _bad(message: str) -> EppError:
-    return EppError(Code.BAD_REQUEST, message, reason="bad_request")
-
-
 def parse_body(raw: bytes) -> dict[str, Any]:
     """JSON object or a 400. orjson also rejects invalid UTF-8, which is what we want."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise _bad(f"error unmarshaling request body: {exc}") from None
+        raise bad_request(f"error unmarshaling request body: {exc}") from None
     if not isinstance(body, dict):
-        raise _bad("error unmarshaling request body: not a JSON object")
+        raise bad_request("error unmarshaling request body: not a JSON object")
     return body
 
 
@@ -144,25 +120,25 @@ def _validate(api: Api, body: dict[str, Any]) -> None:
     if api is Api.CHAT_COMPLETIONS:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise _bad("invalid chat completions request: must have valid messages field")
+            raise bad_request("invalid chat completions request: must have valid messages field")
         for message in messages:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise _bad("invalid chat completions request: each message needs a string role")
+                raise bad_request("invalid chat completions request: each message needs a string role")
             content = message.get("content")
             if content is not None and not isinstance(content, (str, list)):
-                raise _bad("invalid chat completions request: content must be a string or a list of parts")
+                raise bad_request("invalid chat completions request: content must be a string or a list of parts")
     elif api is Api.COMPLETIONS:
         prompt = body.get("prompt")
         if not _nonempty(prompt) or not isinstance(prompt, (str, list)):
-            raise _bad("invalid completions request: must have valid prompt field")
+            raise bad_request("invalid completions request: must have valid prompt field")
     elif api is Api.RESPONSES:
         if not _nonempty(body.get("input")):
-            raise _bad("invalid responses request: must have input field")
+            raise bad_request("invalid responses request: must have input field")
     elif api is Api.CONVERSATIONS:
         if not isinstance(body.get("items"), list) or not body["items"]:
-            raise _bad("invalid conversations request: must have items field")
+            raise bad_request("invalid conversations request: must have items field")
     elif not _nonempty(body.get("input")):
-        raise _bad("invalid embeddings request: must have input field")
+        raise bad_request("invalid embeddings request: must have input field")
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
@@ -194,6 +170,39 @@ def slo_seconds(headers: dict[str, str], name: str) -> float | None:
     return value / 1000.0
 
 
+def _openai_fields(api: Api, body: dict[str, Any]) -> BodyFields:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model not found in request body")
+    _validate(api, body)
+    salt = body.get("cache_salt")
+    return BodyFields(
+        api=api,
+        model=model,
+        prompt=prompt_bytes(api, body),
+        stream=body.get("stream") is True,
+        max_tokens=_max_tokens(body),
+        cache_salt=salt if isinstance(salt, str) else "",
+    )
+
+
+def _native_fields(api: Api, body: dict[str, Any]) -> BodyFields:
+    """TGI's `/generate_stream`; `/generate` by its body: `inputs` is TGI's, `text`, `input_ids`
+    or `input_embeds` SGLang's."""
+    if api is Api.TGI_GENERATE_STREAM:
+        return parse_tgi(body, api)
+    tgi = "inputs" in body
+    sglang = any(name in body for name in SGLANG_INPUTS)
+    if tgi and sglang:
+        raise bad_request("invalid generate request: inputs (TGI) and text/input_ids/input_embeds (SGLang) "
+                          "cannot be combined")
+    if tgi:
+        return parse_tgi(body, Api.TGI_GENERATE)
+    if sglang:
+        return parse_sglang(body)
+    raise bad_request("invalid generate request: must have inputs (TGI) or text, input_ids or input_embeds (SGLang)")
+
+
 def parse_request(
     raw: bytes,
     *,
@@ -206,26 +215,23 @@ def parse_request(
     Raises `EppError` (400) with a clear message."""
     headers = headers or {}
     body = parse_body(raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model not found in request body")
-    _check_model_length(model, "model name")
-    target = headers.get(h.MODEL_REWRITE) or model
-    if target is not model:
-        _check_model_length(target, f"{h.MODEL_REWRITE} header")
     api = api_for_path(path)
-    _validate(api, body)
-    salt = body.get("cache_salt")
+    fields = _native_fields(api, body) if api.native else _openai_fields(api, body)
+    # A native body has no `model` field to rewrite: the request keeps its own name.
+    rewrite = headers.get(h.MODEL_REWRITE) if fields.rewritable else None
+    _check_model_length(fields.model, "model name")
+    if rewrite:
+        _check_model_length(rewrite, f"{h.MODEL_REWRITE} header")
     return InferenceRequest(
         request_id=request_id,
-        api=api,
-        model=model,
-        target_model=target,
+        api=fields.api,
+        model=fields.model,
+        target_model=rewrite or fields.model,
         body=body,
-        prompt=prompt_bytes(api, body),
-        stream=body.get("stream") is True,
-        max_tokens=_max_tokens(body),
-        cache_salt=salt if isinstance(salt, str) else "",
+        prompt=fields.prompt,
+        stream=fields.stream,
+        max_tokens=fields.max_tokens,
+        cache_salt=fields.cache_salt,
         headers=headers,
         objective=headers.get(h.OBJECTIVE, ""),
         fairness_id=headers.get(h.FAIRNESS_ID) or h.DEFAULT_FAIRNESS_ID,

@@ -5,6 +5,15 @@ A mapping is immutable and built once per config; the scraper reuses its precomp
 found in a scrape wins. The config schema has one spec string per field, so only built-ins use
 more than one — vLLM reads `vllm:kv_cache_usage_perc` and falls back to the older
 `vllm:gpu_cache_usage_perc` (vLLM < 0.10) when the new name is absent.
+
+Hugging Face TGI has its own mapping (`TGI_MAPPING`, facts and sources in
+tests/fixtures/tgi-3.3/README.md): `tgi_queue_size` and `tgi_batch_current_size` are the queue
+and the batch; `tgi_request_mean_time_per_token_duration` is the inter-token latency histogram.
+TGI exports no KV-cache utilisation: `tgi_batch_current_max_tokens` is the batch's token
+reservation, but its denominator (`tgi_batch_max_total_tokens`) is set before TGI installs its
+Prometheus recorder and never appears. So `kv_cache_usage` is never written for a TGI pod: a
+ratio invented from a guessed budget would mislead the saturation detector. TGI admits a request
+into the batch only while the token budget allows, so its queue is where KV pressure shows.
 """
 
 from __future__ import annotations
@@ -13,11 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from epp.api.engines import DEFAULT_ENGINE, ENGINE_LABEL_KEY, TGI
 from epp.datalayer.promparse import WantedNames
 from epp.datalayer.spec import MetricSpec, parse_spec
 
-DEFAULT_ENGINE = "vllm"
-ENGINE_LABEL_KEY = "inference.networking.k8s.io/engine-type"
+__all__ = ["BUILTIN_ENGINES", "DEFAULT_ENGINE", "ENGINE_LABEL_KEY", "RESERVED_ENGINE_NAME", "TGI_MAPPING",
+           "EngineMapping", "Specs", "specs"]
+
 RESERVED_ENGINE_NAME = "default"  # the reference's registry key for the fallback mapping
 
 Specs = tuple[MetricSpec, ...]
@@ -40,6 +51,13 @@ class EngineMapping:
     # Histogram base name(s) of the inter-token latency; `_sum` and `_count` are read and the
     # mean over each scrape window becomes `EndpointMetrics.inter_token_latency`.
     itl: Specs = ()
+    # For exporters that create a gauge on its first use (TGI's metrics-rs recorder): the prefix
+    # of the engine's metric names. A good scrape that is empty, or has other metrics with this
+    # prefix, but not the queue or batch gauge is a server that has not queued a request: 0. A
+    # body with none of the engine's metrics is not its exporter (a mislabelled pod): not found.
+    first_use_prefix: str = ""
+    # What this engine cannot tell the EPP, logged once per endpoint that uses the mapping.
+    caveat: str = ""
     primary: WantedNames = field(init=False, repr=False, compare=False)
     fallback: WantedNames = field(init=False, repr=False, compare=False)
 
@@ -64,6 +82,20 @@ def specs(*texts: str) -> Specs:
         if spec is not None:
             out.append(spec)
     return tuple(out)
+
+
+TGI_MAPPING = EngineMapping(
+    name=TGI,
+    queued=specs("tgi_queue_size"),
+    running=specs("tgi_batch_current_size"),
+    # Per request: inference time / generated tokens, recorded when the request ends.
+    itl=specs("tgi_request_mean_time_per_token_duration"),
+    first_use_prefix="tgi_",
+    caveat=("TGI exports no KV-cache utilisation (tgi_batch_max_total_tokens never reaches /metrics): "
+            "kv_cache_usage stays 0, so saturation and scoring use its queue and batch size "
+            "(tgi_queue_size, tgi_batch_current_size) and the EPP's own in-flight accounting; "
+            "no LoRA or KV-block metrics either"),
+)
 
 
 def _builtins() -> Mapping[str, EngineMapping]:
@@ -104,6 +136,7 @@ def _builtins() -> Mapping[str, EngineMapping]:
             cache_block_size=specs("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}"),
             cache_num_blocks=specs("nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}"),
         ),
+        TGI_MAPPING,
     )
     return MappingProxyType({m.name: m for m in table})
 

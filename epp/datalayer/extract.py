@@ -65,6 +65,10 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
     for specs, key, check in ((mapping.queued, "waiting_queue_size", count_error),
                               (mapping.running, "running_requests", count_error),
                               (mapping.kv_usage, "kv_cache_usage", fraction_error)):
+        if (check is count_error and mapping.first_use_prefix and specs and _latest(specs, samples) is None
+                and _unstarted(mapping, body)):
+            found[key] = 0  # the exporter creates the gauge on first use: nothing has happened yet
+            continue
         value = _latest_value(specs, samples, problems, check, invalid)
         if value is not None:
             found[key] = value if check is fraction_error else int(value)
@@ -107,6 +111,11 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
     if not found:
         return Extraction(None, tuple(problems))
     return Extraction(replace(previous, update_time=now, **found), tuple(problems))
+
+
+def _unstarted(mapping: EngineMapping, body: bytes) -> bool:
+    """An exporter of the engine that has created no gauge yet: empty, or only its other metrics."""
+    return not body or body.isspace() or mapping.first_use_prefix.encode() in body
 
 
 def _model_names(fields: tuple[Specs, ...], samples: dict[str, list[Sample]]) -> frozenset[str]:

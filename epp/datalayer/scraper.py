@@ -277,6 +277,9 @@ class MetricsScraper:
             if engine not in self.extractor.engines:
                 log.warning("endpoint %s: unknown engine %r, using %r metrics",
                             worker.endpoint.name, engine, self.extractor.default_engine)
+            caveat = self.extractor.mapping_for(engine).caveat
+            if caveat:
+                log.info("endpoint %s: engine %r: %s", worker.endpoint.name, engine, caveat)
 
     def _failed(self, worker: _Worker, message: str, exc: BaseException) -> None:
         stats = worker.stats

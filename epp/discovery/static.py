@@ -5,7 +5,9 @@ the tests make pods appear and disappear without an apiserver).
 
 File format: YAML (or plain text) — a list whose items are "ip:port" strings or mappings
 `{address: "ip:port", name: pod-a, engine: vllm, labels: {k: v}}`; plain text may also be one
-address per line or comma-separated.
+address per line or comma-separated. `engine` picks the pod's metric mapping and request API
+(vllm, sglang, tgi, trtllm-serve, triton-tensorrt-llm, or an `engineConfigs` name), as the
+`inference.networking.k8s.io/engine-type` label does in Kubernetes; it must read like a label value.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,17 @@ from epp.datastore import Datastore, EndpointSpec, split_host_port
 from epp.discovery.base import Discovery
 
 log = logging.getLogger("epp.discovery")
+
+_ENGINE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")  # a Kubernetes label value
+
+
+def _engine(item: dict[str, Any], where: str) -> str:
+    engine = item.get("engine")
+    if engine is None or engine == "":
+        return ""
+    if not isinstance(engine, str) or not _ENGINE_NAME.fullmatch(engine):
+        raise ValueError(f"{where}.engine: must be an engine name such as vllm, sglang or tgi, got {engine!r}")
+    return engine
 
 
 def parse_endpoint(item: Any, where: str) -> EndpointSpec:
@@ -51,7 +65,7 @@ def parse_endpoint(item: Any, where: str) -> EndpointSpec:
         port=port,
         namespace=str(item.get("namespace", "")),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-        engine=str(item.get("engine") or ""),
+        engine=_engine(item, where),
         metrics_port=metrics_port,
     )
 

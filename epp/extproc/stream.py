@@ -20,7 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.api.headers import PATH_HEADERS, REQUEST_ID
 from epp.api.request import InferenceRequest, api_for_path, parse_request
-from epp.api.response import ResponseObserver, rewrite_model_name
+from epp.api.response import ResponseObserver, observer_for, rewrite_model_name
 from epp.errors import Code, EppError
 from epp.extproc import messages
 from epp.observability.trace import DEBUG_HEADER
@@ -192,7 +192,7 @@ class RequestStream:
         status = headers.get(":status", "200")
         self.response_status = int(status) if status.isdigit() else 0
         streaming = "text/event-stream" in headers.get("content-type", "") or bool(self.request and self.request.stream)
-        self.observer = ResponseObserver(streaming=streaming)
+        self.observer = observer_for(self.request, headers, streaming)
         served_value = _struct_field(message, messages.LB_NAMESPACE, messages.DESTINATION_SERVED)
         served = served_value.string_value if served_value is not None else ""
         extra = self.director.on_response_headers(self.record, served) if self.record else {}
@@ -206,7 +206,7 @@ class RequestStream:
         body = message.response_body
         chunk = body.body
         if self.observer is None:
-            self.observer = ResponseObserver(streaming=bool(self.request and self.request.stream))
+            self.observer = observer_for(self.request, {}, bool(self.request and self.request.stream))
         if self.record is not None and not self.record.first_byte and chunk:
             self.record.first_byte = time.monotonic()
         self.observer.feed(chunk)

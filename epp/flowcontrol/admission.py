@@ -3,7 +3,15 @@
 `Admission.run` wraps scheduling so that flow control can hold a request in its queues and
 dispatch it later (late binding), while the legacy controller decides at once. The director
 tells the admission when an admitted request ends (`completed`, with the response's usage), and
-asks it for body fields to set on the forwarded request (`body_fields`, e.g. vLLM `priority`).
+asks it for body fields to set on the request forwarded to the chosen endpoint (`body_fields`,
+e.g. vLLM `priority`, written only for an engine that has the field).
+
+In a pool of several engines a native API (TGI's or SGLang's `/generate`) can only be served by
+its engine, so both admissions first narrow the candidates to the endpoints whose engine serves
+the request's API (`eligible`); the OpenAI APIs are served by every engine. `engine_of` says
+which engine an endpoint runs; the composition root sets the data layer's resolver (the
+`core-metrics-extractor`'s label key and default engine) so that metrics, APIs and body fields
+agree on it.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from epp.api.engines import DEFAULT_ENGINE, ENGINE_LABEL_KEY
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
 from epp.datastore import Endpoint
@@ -21,6 +30,13 @@ from epp.flowcontrol.saturation import SaturationDetector
 from epp.scheduling.framework import SchedulingResult
 
 ScheduleFn = Callable[[InferenceRequest, list[Endpoint]], SchedulingResult]
+EngineOf = Callable[[Endpoint], str]
+
+
+def default_engine_of(endpoint: Endpoint) -> str:
+    """The engine an endpoint runs: its engine-type label, else what discovery said, else vLLM
+    (the same order as the `core-metrics-extractor` with its default parameters)."""
+    return endpoint.labels.get(ENGINE_LABEL_KEY) or endpoint.spec.engine or DEFAULT_ENGINE
 
 
 class RejectionSink(Protocol):
@@ -28,6 +44,8 @@ class RejectionSink(Protocol):
 
 
 class Admission(ABC):
+    engine_of: EngineOf = staticmethod(default_engine_of)
+
     @abstractmethod
     async def run(self, request: InferenceRequest, candidates: list[Endpoint], schedule: ScheduleFn) -> SchedulingResult:
         """Schedule `request` when it is admitted; raise `EppError` when it is shed.
@@ -44,9 +62,24 @@ class Admission(ABC):
     def completed(self, request: InferenceRequest, usage: Usage | None) -> None:
         """A request `run` admitted has ended (any way); `usage` when the server reported it."""
 
-    def body_fields(self, request: InferenceRequest) -> dict[str, Any]:
-        """Fields to set in the forwarded body of an admitted request; empty: forward as sent."""
+    def body_fields(self, request: InferenceRequest, endpoint: Endpoint) -> dict[str, Any]:
+        """Fields to set in the body of an admitted request forwarded to `endpoint` (its pick);
+        empty: forward as sent."""
         return {}
+
+    def eligible(self, request: InferenceRequest, candidates: list[Endpoint]) -> list[Endpoint]:
+        """The candidates whose engine serves the request's API; 503 when none does."""
+        engines = request.api.engines
+        if engines is None:
+            return candidates
+        kept = [ep for ep in candidates if self.engine_of(ep) in engines]
+        if not kept:
+            raise EppError(
+                Code.SERVICE_UNAVAILABLE,
+                f"no endpoint serves the {request.api.value} API (needs engine {' or '.join(sorted(engines))})",
+                reason="no_compatible_endpoints",
+            )
+        return kept
 
 
 class LegacyAdmission(Admission):
@@ -61,6 +94,7 @@ class LegacyAdmission(Admission):
         self.metrics = metrics
 
     async def run(self, request: InferenceRequest, candidates: list[Endpoint], schedule: ScheduleFn) -> SchedulingResult:
+        candidates = self.eligible(request, candidates)
         if request.sheddable and self.detector.saturation(candidates) >= 1.0:
             if self.metrics is not None:
                 self.metrics.flow_rejected("saturated", request.priority)

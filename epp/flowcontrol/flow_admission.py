@@ -20,6 +20,7 @@ import math
 import time
 from typing import Any
 
+from epp.api.engines import accepts_vllm_priority
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
 from epp.datastore import Datastore, Endpoint
@@ -46,6 +47,7 @@ class FlowControlAdmission(Admission):
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._sleep_until = math.inf  # when the loop runs its next cycle unless woken (controller clock)
+        self._no_priority_engines: set[str] = set()  # engines already logged as getting no `priority`
 
     # -- lifecycle --
 
@@ -77,7 +79,9 @@ class FlowControlAdmission(Admission):
     # -- Admission --
 
     async def run(self, request: InferenceRequest, candidates: list[Endpoint], schedule: ScheduleFn) -> SchedulingResult:
-        allowed = None if request.subset is None else frozenset(ep.address for ep in candidates)
+        eligible = self.eligible(request, candidates)
+        narrowed = request.subset is not None or len(eligible) < len(candidates)
+        allowed = frozenset(ep.address for ep in eligible) if narrowed else None
         waiter: asyncio.Future[Ending] = asyncio.get_running_loop().create_future()
         item = QueueItem(request, schedule, allowed, waiter=waiter)
         started = time.perf_counter()
@@ -108,9 +112,19 @@ class FlowControlAdmission(Admission):
         self.controller.complete(item, usage)
         self.wake()
 
-    def body_fields(self, request: InferenceRequest) -> dict[str, Any]:
+    def body_fields(self, request: InferenceRequest, endpoint: Endpoint) -> dict[str, Any]:
+        """vLLM's `priority`, when enabled and the picked endpoint's engine has the field; for
+        any other engine (TGI has none; SGLang orders the other way) flow control's own queues
+        are the only ordering, and the first such engine is logged once."""
         item = request.state.get(STATE_KEY)
         if item is None or item.engine_priority is None:
+            return {}
+        engine = self.engine_of(endpoint)
+        if not accepts_vllm_priority(engine):
+            if engine not in self._no_priority_engines:
+                self._no_priority_engines.add(engine)
+                log.info("vllmPriority: not written for engine %r (first: endpoint %s); its requests are "
+                         "ordered by flow control's queues only", engine, endpoint.name)
             return {}
         return {"priority": item.engine_priority}
 

@@ -132,7 +132,7 @@ class Director:
             record = picked[-1] if picked else self._account(request, result.primary, admitted=True)
             for plugin in self.pre_request:
                 plugin.pre_request(request, result)
-            body = self._body(request)
+            body = self._body(request, result.primary)
         except BaseException as exc:
             code = exc.code.value if isinstance(exc, EppError) else (
                 Code.INTERNAL.value if isinstance(exc, Exception) else "Cancelled")
@@ -187,12 +187,13 @@ class Director:
             self.metrics.running_changed(request.model, +1)
         return RequestRecord(request=request, endpoint=endpoint, tokens=tokens, admitted=admitted)
 
-    def _body(self, request: InferenceRequest) -> bytes | None:
+    def _body(self, request: InferenceRequest, endpoint: Endpoint) -> bytes | None:
         """Re-serialise only when we changed the body (unlike the reference, which always does):
-        a model rewrite, or fields the admission sets (flow control's vLLM `priority`)."""
+        a model rewrite, or fields the admission sets for the picked endpoint's engine (flow
+        control's vLLM `priority`)."""
         if request.body is None:
             return None
-        fields = self.admission.body_fields(request)
+        fields = self.admission.body_fields(request, endpoint)
         if not request.model_rewritten and not fields:
             return None
         if request.model_rewritten:

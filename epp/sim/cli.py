@@ -1,4 +1,4 @@
-"""`epp sim`: run simulated vLLM pods until SIGINT/SIGTERM.
+"""`epp sim`: run simulated vLLM (or, with `--engine tgi`, TGI) pods until SIGINT/SIGTERM.
 
 The top-level CLI wires `add_arguments` into its `sim` sub-command and calls `run(args)`.
 """
@@ -10,7 +10,7 @@ import asyncio
 import signal
 import sys
 
-from epp.sim.config import EngineConfig, SimConfig
+from epp.sim.config import SERVER_KINDS, EngineConfig, SimConfig
 from epp.sim.server import start_pods, stop_pods
 from epp.sim.steptime import DEFAULT_PROFILE, kv_capacity_blocks, profiles
 
@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port of the first pod; pod i listens on base+i (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     parser.add_argument("--model", default=sim.model, help=f"served model name (default {sim.model})")
+    parser.add_argument("--engine", choices=SERVER_KINDS, default=sim.server,
+                        help="model server to imitate: vllm (OpenAI API, vllm: metrics) or tgi (TGI's "
+                             "/generate, /generate_stream, Messages API and tgi_ metrics)")
     parser.add_argument("--lora", action="append", default=[], metavar="NAME",
                         help="a LoRA adapter name accepted as `model` (repeatable or comma-separated)")
     parser.add_argument("--max-loras", type=int, default=None,
@@ -65,7 +68,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
     cfg = SimConfig(model=args.model, lora_adapters=loras, time_scale=args.time_scale,
                     seed=args.seed, default_max_tokens=args.default_max_tokens,
-                    mean_output_tokens=args.mean_output_tokens, engine=engine)
+                    mean_output_tokens=args.mean_output_tokens, engine=engine, server=args.engine)
     cfg.validate()
     return cfg
 
@@ -92,7 +95,8 @@ async def _serve(cfg: SimConfig, n: int, base_port: int, host: str) -> None:
     pods = await start_pods(n, base_port=base_port, host=host, config=cfg)
     try:
         for pod in pods:
-            print(f"{pod.name} {pod.url} model={cfg.model}", flush=True)
+            print(f"{pod.name} {pod.url} model={cfg.model}" + (f" engine={cfg.server}" if cfg.server != "vllm" else ""),
+                  flush=True)
         await stop.wait()
     finally:
         await stop_pods(pods)

@@ -15,6 +15,9 @@ SchedulingPolicy = Literal["fcfs", "priority"]
 # "mixed": vLLM v1 / Sarathi-style work-conserving batches of decodes plus prefill chunks.
 # "prefill_first": old vLLM behaviour; a step is either all prefill (preferred) or all decode.
 BatchingPolicy = Literal["mixed", "prefill_first"]
+# The model server whose HTTP API and /metrics a pod imitates, over the same engine model.
+ServerKind = Literal["vllm", "tgi"]
+SERVER_KINDS: tuple[str, ...] = ("vllm", "tgi")
 
 
 @dataclass(slots=True)
@@ -76,9 +79,12 @@ class SimConfig:
     # Mean of the geometric output-length distribution for requests without ignore_eos.
     mean_output_tokens: float = 128.0
     engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerKind = "vllm"  # "tgi": Hugging Face TGI's API and metrics (epp.sim.tgi_server)
 
     def validate(self) -> None:
         self.engine.validate()
+        if self.server not in SERVER_KINDS:
+            raise ValueError(f"unknown server {self.server!r} (one of {', '.join(SERVER_KINDS)})")
         if self.time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         if self.lora_adapters and self.engine.max_loras <= 0:

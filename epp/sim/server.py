@@ -1,5 +1,7 @@
 """Simulated vLLM pods over HTTP: the OpenAI endpoints, /health and /metrics of vLLM 0.32.
 
+With `SimConfig.server == "tgi"` a pod speaks Hugging Face TGI 3.3 instead (`epp.sim.tgi_server`).
+
 Each pod is one aiohttp site on its own port with one engine loop task: it schedules a step,
 sleeps the step's modelled duration times `time_scale`, applies it and wakes only the requests
 that got a token (streams) or finished (non-streaming). Many pods share one event loop.
@@ -84,10 +86,14 @@ class SimPod:
     def _fresh_state(self) -> None:
         """A new engine, cache and metrics: what a (re)started vLLM process begins with."""
         self.engine = Engine(self.config.engine)
-        self.metrics = VllmMetrics(self.config.engine.max_model_len)
         self.factory = RequestFactory(self.config)
-        self.exposition = Exposition(self.config.model, self.config.engine, created=time.time(),
-                                     lora_enabled=bool(self.config.lora_adapters))
+        if self.config.server == "tgi":  # TGI's metric names over the same engine model
+            from epp.sim.tgi_server import tgi_metrics
+            self.metrics, self.exposition = tgi_metrics(self.config)  # type: ignore[assignment]
+        else:
+            self.metrics = VllmMetrics(self.config.engine.max_model_len)
+            self.exposition = Exposition(self.config.model, self.config.engine, created=time.time(),
+                                         lora_enabled=bool(self.config.lora_adapters))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,13 +121,18 @@ class SimPod:
         loop = asyncio.get_running_loop()
         self._t0 = loop.time()
         self._wake = asyncio.Event()
-        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[_fastapi_errors])
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        app.on_response_prepare.append(_uvicorn_headers)
+        if self.config.server == "tgi":  # TGI's routes, validation and error shapes
+            from epp.sim.tgi_server import TgiRouter
+            self.tgi = TgiRouter(self)
+            app = self.tgi.app()
+        else:
+            app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[_fastapi_errors])
+            app.router.add_post("/v1/completions", self._completions)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/health", self._health)
+            app.router.add_get("/metrics", self._metrics)
+            app.on_response_prepare.append(_uvicorn_headers)
         runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                handler_cancellation=True, shutdown_timeout=0.5)
         await runner.setup()

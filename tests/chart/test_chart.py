@@ -268,10 +268,21 @@ def test_custom_values_render_through(rendered: tuple[str, list[dict[str, Any]]]
     ({"inferencePool": {"modelServers": {"matchLabels": None}}}, "matchLabels is required"),
     ({"inferenceExtension": {"pluginsConfigFile": "missing.yaml"}}, "missing.yaml"),
     ({"provider": {"name": "aws"}}, "provider"),
-    ({"inferencePool": {"modelServerType": "tgi"}}, "modelServerType"),
+    ({"inferencePool": {"modelServerType": "llamacpp"}}, "modelServerType"),
     ({"inferenceExtension": {"failureMode": "Sometimes"}}, "failureMode"),
 ], ids=["no-selector", "missing-config-file", "unknown-provider", "unknown-engine", "bad-failure-mode"])
 def test_bad_values_fail_with_a_clear_message(helm: str, tmp_path: Path, values: dict[str, Any], message: str) -> None:
     result = run_helm(helm, "template", "r1", str(CHART), *value_args(values, tmp_path))
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_a_tgi_pool_gets_the_tgi_engine(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, tmp_path, {"inferencePool": {"modelServerType": "tgi", "targetPorts": [{"number": 80}],
+                                                     "modelServers": {"matchLabels": {"app": "tgi"}}}})
+    [configmap] = [c for c in by_kind(docs, "ConfigMap") if not c["metadata"]["name"].endswith("-dashboard")]
+    text = configmap["data"]["default-plugins.yaml"]
+    extractor = next(p for p in yaml.safe_load(text)["plugins"] if p["type"] == "core-metrics-extractor")
+    assert extractor["parameters"]["defaultEngine"] == "tgi"
+    assert load_config(text, Datastore()).extractor.default_engine == "tgi"  # type: ignore[union-attr]
+    assert one(docs, "InferencePool")["spec"]["targetPorts"] == [{"number": 80}]

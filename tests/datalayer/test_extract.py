@@ -284,9 +284,9 @@ def test_each_endpoint_is_read_with_its_engine_and_unknown_engines_use_the_defau
     ex = CoreMetricsExtractor()
     sg = ex.extract(endpoint("sglang"), SGLANG_TEXT, now=1.0)
     assert sg.metrics is not None and sg.metrics.running_requests == 7
-    tgi = ex.extract(endpoint("tgi"), fixture_body("busy"), now=1.0)  # no TGI mapping: vLLM's
-    assert tgi.metrics is not None and tgi.metrics.running_requests == 4
-    assert ex.mapping_for("tgi") is ex.engines["vllm"]
+    other = ex.extract(endpoint("llamacpp"), fixture_body("busy"), now=1.0)  # unknown: vLLM's
+    assert other.metrics is not None and other.metrics.running_requests == 4
+    assert ex.mapping_for("llamacpp") is ex.engines["vllm"]
 
 
 def test_extract_builds_on_the_endpoints_current_metrics() -> None:
@@ -299,4 +299,4 @@ def test_extract_builds_on_the_endpoints_current_metrics() -> None:
 def test_builtin_table_is_read_only() -> None:
     with pytest.raises(TypeError):
         BUILTIN_ENGINES["x"] = VLLM  # type: ignore[index]
-    assert set(BUILTIN_ENGINES) == {"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"}
+    assert set(BUILTIN_ENGINES) == {"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm", "tgi"}

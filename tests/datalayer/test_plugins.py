@@ -68,7 +68,7 @@ def test_extractor_defaults() -> None:
     ex = build(CoreMetricsExtractor, {})
     assert ex.default_engine == "vllm"
     assert ex.engine_label_key == "inference.networking.k8s.io/engine-type"
-    assert set(ex.engines) == {"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm"}
+    assert set(ex.engines) == {"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm", "tgi"}
 
 
 def test_extractor_parameters_like_the_helm_chart_writes_them() -> None:
@@ -119,7 +119,7 @@ def test_engine_config_adds_a_new_engine_with_cache_label_names() -> None:
 @pytest.mark.parametrize(
     "raw, message",
     [
-        ({"defaultEngine": "tgi"}, f"{PATH}.defaultEngine: unknown engine 'tgi'"),
+        ({"defaultEngine": "llamacpp"}, f"{PATH}.defaultEngine: unknown engine 'llamacpp'"),
         ({"engineConfigs": {"name": "x"}}, f"{PATH}.engineConfigs: must be a list"),
         ({"engineConfigs": ["vllm"]}, f"{PATH}.engineConfigs[0]: must be a mapping"),
         ({"engineConfigs": [{"queuedRequestsSpec": "q"}]}, f"{PATH}.engineConfigs[0].name: required"),

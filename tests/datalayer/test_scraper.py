@@ -372,13 +372,13 @@ async def test_unknown_engine_uses_the_default_mapping_and_warns_once(
     caplog.set_level(logging.INFO, logger="epp.datalayer")
     datastore, sc = scraper
     server = await new_server(servers)
-    ep = datastore.upsert(server.spec("pod-a", engine="tgi"))
+    ep = datastore.upsert(server.spec("pod-a", engine="llamacpp"))
     stats = sc.stats(ep.address)
     assert stats is not None
     await wait_until(lambda: stats.scrapes >= 3, "several scrapes")
     assert ep.metrics.running_requests == 4 and ep.scrape_error == ""
     warned = [r.getMessage() for r in caplog.records if "unknown engine" in r.getMessage()]
-    assert warned == ["endpoint pod-a: unknown engine 'tgi', using 'vllm' metrics"]
+    assert warned == ["endpoint pod-a: unknown engine 'llamacpp', using 'vllm' metrics"]
 
 
 def test_defaults_match_the_reference_flags() -> None:
