@@ -53,6 +53,7 @@ class InferenceRequest:
     subset: list[str] | None = None  # proxy's subset hint (ip or ip:port); None = no hint
     slo_ttft: float | None = None  # seconds, from x-slo-ttft-ms
     slo_tpot: float | None = None  # seconds, from x-slo-tpot-ms
+    received_at: float = 0.0  # when request control received it (its clock), for latency objectives
     # Per-request state of the plugins that handle this request, keyed by plugin name; it lives
     # exactly as long as the request, so no plugin keeps a table of requests of its own.
     state: dict[str, Any] = field(default_factory=dict)
@@ -152,7 +153,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
 def _check_model_length(name: str, what: str) -> None:
     # len(str) <= bytes <= 4 * len(str): encode only names that may be too long.
     if len(name) > MAX_MODEL_NAME_BYTES // 4 and len(name.encode()) > MAX_MODEL_NAME_BYTES:
-        raise _bad(f"{what} too long: {len(name.encode())} bytes, at most {MAX_MODEL_NAME_BYTES} are accepted")
+        raise bad_request(f"{what} too long: {len(name.encode())} bytes, at most {MAX_MODEL_NAME_BYTES} are accepted")
 
 
 def slo_seconds(headers: dict[str, str], name: str) -> float | None:

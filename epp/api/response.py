@@ -50,6 +50,7 @@ class Usage:
     completion_tokens: int = 0
     total_tokens: int = 0
     cached_tokens: int = 0
+    cached_reported: bool = False  # the response carried a cached-token count (0 is a real count then)
 
     @classmethod
     def from_json(cls, usage: object) -> Usage | None:
@@ -69,11 +70,13 @@ class Usage:
             completion_tokens=completion,
             total_tokens=total if isinstance(total, int) else prompt + completion,
             cached_tokens=cached if isinstance(cached, int) else 0,
+            cached_reported=isinstance(cached, int),
         )
 
     @classmethod
-    def of(cls, prompt: int, completion: int, cached: int = 0) -> Usage:
-        return cls(prompt, completion, prompt + completion, cached)
+    def of(cls, prompt: int, completion: int, cached: int | None = None) -> Usage:
+        """`cached`: the reported cached prompt tokens; None when the response gave none."""
+        return cls(prompt, completion, prompt + completion, cached or 0, cached is not None)
 
 
 def _document(raw: bytes) -> Any:
@@ -119,7 +122,7 @@ def _sglang_one(item: Any) -> Usage | None:
     prompt, completion = _count(meta.get("prompt_tokens")), _count(meta.get("completion_tokens"))
     if prompt is None and completion is None:
         return None
-    return Usage.of(prompt or 0, completion or 0, _count(meta.get("cached_tokens")) or 0)
+    return Usage.of(prompt or 0, completion or 0, _count(meta.get("cached_tokens")))
 
 
 def sglang_usage(parsed: Any) -> Usage | None:

@@ -271,6 +271,29 @@ def _describe(plugin: Plugin) -> str:
     return f"{plugin.name!r} (type {plugin.type})"
 
 
+def _producer_order(producers: list[DataProducer]) -> list[DataProducer]:
+    """Producers in config order, except that each runs after the producers it reads."""
+    by_name = {p.name: p for p in producers}
+    ordered: list[DataProducer] = []
+    state: dict[str, int] = {}  # 1: visiting, 2: placed
+
+    def place(p: DataProducer) -> None:
+        if state.get(p.name) == 2:
+            return
+        if state.get(p.name) == 1:
+            raise ConfigError(f"plugins: data producers depend on each other in a cycle ({p.name!r})")
+        state[p.name] = 1
+        for name in p.depends_on():
+            if name in by_name:
+                place(by_name[name])
+        state[p.name] = 2
+        ordered.append(p)
+
+    for producer in producers:
+        place(producer)
+    return ordered
+
+
 # -- the builder --
 
 
@@ -310,7 +333,7 @@ class _Builder:
         scheduler = Scheduler(
             {p.name: p for p in profiles},
             handler,
-            [p for p in values if isinstance(p, DataProducer)],
+            _producer_order([p for p in values if isinstance(p, DataProducer)]),
         )
         return LoadedConfig(
             scheduler=scheduler,

@@ -224,8 +224,7 @@ class MetricsScraper:
         except Exception as exc:  # any failure is this endpoint's problem only
             self._failed(worker, _describe(exc, self.timeout), exc)
         else:
-            endpoint.metrics = result.metrics
-            endpoint.metrics_valid = True
+            endpoint.update_metrics(result.metrics)
             stats.last_success = result.metrics.update_time
             if result.problems != stats.problems:
                 if result.problems:

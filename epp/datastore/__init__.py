@@ -9,6 +9,9 @@ from epp.datastore.endpoint import (
     join_host_port,
     split_host_port,
 )
+from epp.datastore.load import EndpointLoad, Outstanding
+from epp.datastore.model_stats import ModelStats
+from epp.datastore.service_model import ServiceModel, StepCosts, TtftEstimate
 
 __all__ = [
     "Datastore",
@@ -19,4 +22,10 @@ __all__ = [
     "EndpointSpec",
     "join_host_port",
     "split_host_port",
+    "EndpointLoad",
+    "Outstanding",
+    "ModelStats",
+    "ServiceModel",
+    "StepCosts",
+    "TtftEstimate",
 ]

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from epp.datastore.endpoint import Endpoint, EndpointSpec
+from epp.datastore.model_stats import ModelStatsTable
 
 Listener = Callable[[Endpoint], None]
 
@@ -31,6 +32,7 @@ class Datastore:
         self._endpoints: dict[str, Endpoint] = {}
         self._snapshot: tuple[Endpoint, ...] = ()
         self._objectives: dict[str, int | None] = {}
+        self.models = ModelStatsTable()  # learned per target model from responses
         self._on_add: list[Listener] = []
         self._on_remove: list[Listener] = []
 

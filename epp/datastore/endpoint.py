@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from epp.datastore.load import EndpointLoad
+from epp.datastore.service_model import ServiceModel
+
 
 def join_host_port(ip: str, port: int) -> str:
     """`ip:port`, with IPv6 bracketed, as Go's JoinHostPort writes it (the wire format)."""
@@ -77,8 +80,8 @@ class EndpointSpec:
 @dataclass(slots=True, eq=False)
 class Endpoint:
     """A live endpoint. Discovery owns `spec`; the data layer owns `metrics`, `scrape_error` and
-    `metrics_valid`; request control owns the in-flight counters (exact, unlike the scraped
-    signals).
+    `metrics_valid`; request control owns the in-flight counters and the ledger of outstanding
+    work (exact, unlike the scraped signals) and teaches the service model what the pod charges.
 
     `metrics_valid` is False while the server's last readable scrape held a value out of bounds
     (a fraction above 1, a NaN or negative count, ...; `scrape_error` says which): `metrics` then
@@ -92,9 +95,17 @@ class Endpoint:
     inflight_requests: int = 0
     inflight_tokens: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    load: EndpointLoad = field(default_factory=EndpointLoad)
+    service: ServiceModel = field(default_factory=ServiceModel)
 
     def __post_init__(self) -> None:
         self.labels = dict(self.spec.labels)
+
+    def update_metrics(self, metrics: EndpointMetrics) -> None:
+        """A new valid scrape (the data layer's one write): the ledger notes what it held then."""
+        self.metrics = metrics
+        self.metrics_valid = True
+        self.load.mark_scrape()
 
     @property
     def address(self) -> str:

@@ -208,7 +208,7 @@ class RequestStream:
         if self.observer is None:
             self.observer = observer_for(self.request, {}, bool(self.request and self.request.stream))
         if self.record is not None and not self.record.first_byte and chunk:
-            self.record.first_byte = time.monotonic()
+            self.director.first_byte(self.record)
         self.observer.feed(chunk)
         request = self.request
         if request is not None and request.model_rewritten and chunk:

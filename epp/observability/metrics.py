@@ -28,6 +28,7 @@ from epp.api.request import InferenceRequest
 from epp.api.response import Usage
 from epp.datastore import Datastore, Endpoint
 from epp.observability.labels import BoundedFamily, Kind, KnownModels, LabelGuard, LabelLimits
+from epp.observability.latency_metrics import LatencyMetrics
 from epp.plugin import Plugin
 
 if TYPE_CHECKING:
@@ -301,6 +302,13 @@ class EppMetrics:
         self._running_labels: dict[str, list[Any]] = {}  # model -> [label, count]
         self._flow_labels: dict[tuple[str, int, str, str], list[Any]] = {}  # raw -> [labels, requests]
         self._flow_queued: dict[tuple[str, ...], list[int]] = {}  # labels -> [requests, bytes]
+        self.latency = LatencyMetrics(r, datastore)
+
+    def ttft_predicted(self, request: InferenceRequest, predicted: float, observed: float) -> None:
+        self.latency.ttft_predicted(predicted, observed)
+
+    def slo_outcome(self, request: InferenceRequest, outcome: str) -> None:
+        self.latency.slo_outcome(outcome)
 
     def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         self.plugin_duration.labels(extension_point, plugin.type, plugin.name).observe(seconds)

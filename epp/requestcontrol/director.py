@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import orjson
 
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
-from epp.datastore import Datastore, Endpoint, split_host_port
+from epp.datastore import Datastore, Endpoint, Outstanding, split_host_port
 from epp.errors import Code, EppError
 from epp.flowcontrol.admission import Admission
 from epp.observability.trace import DecisionRecord, DecisionTrace
@@ -38,17 +38,20 @@ class Decision:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """Accounting for one in-flight request; `release` makes ending idempotent."""
+    """Accounting for one in-flight request; `release` makes ending idempotent.
+
+    Times are on the datastore's clock (virtual in the simulator)."""
 
     request: InferenceRequest
     endpoint: Endpoint | None = None
     tokens: int = 0
-    start: float = field(default_factory=time.monotonic)
+    start: float = 0.0
     first_byte: float = 0.0
     released: bool = False
     error_code: str = ""
     admitted: bool = False  # went through `Admission.run`, which is told when it ends
     decision: DecisionRecord | None = None  # the trace entry, for the debug response header
+    outstanding: Outstanding | None = None  # its entry in the endpoint's ledger
 
 
 class Director:
@@ -102,6 +105,7 @@ class Director:
     async def handle_request(self, request: InferenceRequest) -> tuple[Decision, RequestRecord]:
         """Admit and schedule a request with a body. Raises `EppError` to end it."""
         arrived = time.perf_counter()
+        request.received_at = self.datastore.clock()
         timing = [0.0, 0.0]  # [dispatched at, scheduling seconds]
         if request.objective:
             request.priority = self.datastore.objective_priority(request.objective)
@@ -117,7 +121,7 @@ class Director:
             timing[0] = time.perf_counter()
             result = self._schedule(req, eligible)
             timing[1] = time.perf_counter() - timing[0]
-            picked.append(self._account(req, result.primary, admitted=True))
+            picked.append(self._account(req, result.primary, admitted=True, result=result))
             return result
 
         try:
@@ -134,6 +138,9 @@ class Director:
                 plugin.pre_request(request, result)
             body = self._body(request, result.primary)
         except BaseException as exc:
+            if (isinstance(exc, EppError) and exc.reason == "no_endpoint" and request.sheddable
+                    and request.slo_ttft is not None and self.metrics):
+                self.metrics.slo_outcome(request, "shed")  # no pod was predicted to meet it
             code = exc.code.value if isinstance(exc, EppError) else (
                 Code.INTERNAL.value if isinstance(exc, Exception) else "Cancelled")
             for leftover in picked:
@@ -179,13 +186,40 @@ class Director:
             self.metrics.scheduled(request, result.primary, time.perf_counter() - start)
         return result
 
-    def _account(self, request: InferenceRequest, endpoint: Endpoint, *, admitted: bool = False) -> RequestRecord:
+    def _account(self, request: InferenceRequest, endpoint: Endpoint, *, admitted: bool = False,
+                 result: SchedulingResult | None = None) -> RequestRecord:
         tokens = request.prompt_tokens_estimate + (request.max_tokens or 0)
         endpoint.inflight_requests += 1
         endpoint.inflight_tokens += tokens
         if self.metrics:
             self.metrics.running_changed(request.model, +1)
-        return RequestRecord(request=request, endpoint=endpoint, tokens=tokens, admitted=admitted)
+        now = self.datastore.clock()
+        record = RequestRecord(request=request, endpoint=endpoint, tokens=tokens, admitted=admitted, start=now)
+        if request.body is not None:
+            record.outstanding = self._book(request, endpoint, result, now)
+        return record
+
+    def _book(self, request: InferenceRequest, endpoint: Endpoint, result: SchedulingResult | None,
+              now: float) -> Outstanding:
+        """Enter the pick in the endpoint's ledger: what it will cost that pod, as predicted."""
+        prediction = result.cycle.predictions.get(endpoint.address) if result is not None else None
+        load, service = endpoint.load, endpoint.service
+        if prediction is not None:
+            item = Outstanding(prediction.prompt_tokens, prediction.cached_tokens, prediction.output_tokens, now,
+                               predicted_ttft=prediction.ttft, streamed=request.stream)
+            if prediction.wait_seconds == 0.0:  # a prediction that waited on a slot teaches nothing
+                item.step_feature = prediction.step_feature
+                item.prefill_feature = prediction.prefill_feature
+        else:  # no predicted-latency producer configured: the service model's own estimate
+            stats = self.datastore.models.get(request.target_model)
+            prompt = stats.prompt_tokens(len(request.prompt))
+            output = stats.expected_output(request.max_tokens)
+            item = Outstanding(prompt, 0, max(1, output), now, streamed=request.stream)
+            estimate = service.ttft(load.backlog_at(now) + item.prefill_tokens, item.attention_pairs,
+                                    load.decoding, load.context_tokens)
+            item.predicted_ttft = estimate.seconds
+        load.add(item, now, prediction.work_seconds if prediction is not None else 0.0)
+        return item
 
     def _body(self, request: InferenceRequest, endpoint: Endpoint) -> bytes | None:
         """Re-serialise only when we changed the body (unlike the reference, which always does):
@@ -203,6 +237,52 @@ class Director:
 
     # -- response path --
 
+    def first_byte(self, record: RequestRecord) -> None:
+        """The response's first body bytes arrived. For a streamed response that is the first
+        token: the pod's prefill of this request (and of those it queued behind) is over, and the
+        time it took teaches the pod's service model."""
+        if record.first_byte or record.released:
+            return
+        now = self.datastore.clock()
+        record.first_byte = now
+        item, endpoint = record.outstanding, record.endpoint
+        if item is None or endpoint is None or not record.request.stream:
+            return  # a buffered response's first byte is its last: no time to first token
+        load, service = endpoint.load, endpoint.service
+        load.first_byte(item, now)
+        item.mark_time = now
+        item.mark_decode_integral = load.decode_integral
+        item.mark_context_integral = load.context_integral
+        item.mark_prefill_total = load.prefill_total
+        observed = now - item.dispatched
+        if item.step_feature or item.prefill_feature:
+            service.observe(item.step_feature, item.prefill_feature, observed, ttft=True)
+        if self.metrics:
+            if item.predicted_ttft > 0.0:
+                self.metrics.ttft_predicted(record.request, item.predicted_ttft, observed)
+            slo = record.request.slo_ttft
+            if slo is not None:
+                met = now - record.request.received_at <= slo
+                self.metrics.slo_outcome(record.request, "met" if met else "missed")
+
+    def _learn_decode(self, record: RequestRecord, usage: Usage | None, now: float) -> None:
+        """A streamed response ended: its mean inter-token latency against the batch it decoded
+        in (the ledger's time integrals since its first byte) teaches the step part."""
+        item, endpoint = record.outstanding, record.endpoint
+        if (item is None or endpoint is None or usage is None or record.error_code or item.first_token < 0
+                or usage.completion_tokens < 2):
+            return
+        window = now - item.mark_time
+        if window <= 0.0:
+            return
+        load, service = endpoint.load, endpoint.service
+        steps = usage.completion_tokens - 1
+        decoding = (load.decode_integral - item.mark_decode_integral) / window
+        context = (load.context_integral - item.mark_context_integral) / window
+        prefill_per_step = (load.prefill_total - item.mark_prefill_total) / steps
+        step_feature, prefill_feature = service.itl_features(decoding, context, prefill_per_step)
+        service.observe(step_feature, prefill_feature, window / steps)
+
     def on_response_headers(self, record: RequestRecord, served: str) -> dict[str, str]:
         headers: dict[str, str] = {}
         for plugin in self.response_received:
@@ -215,9 +295,19 @@ class Director:
             return
         record.released = True
         endpoint = record.endpoint
+        now = self.datastore.clock()
         if endpoint is not None:
             endpoint.inflight_requests = max(0, endpoint.inflight_requests - 1)
             endpoint.inflight_tokens = max(0, endpoint.inflight_tokens - record.tokens)
+            if record.outstanding is not None:
+                load = endpoint.load
+                load.settle(now)
+                if record.request.stream:
+                    self._learn_decode(record, usage, now)
+                load.release(record.outstanding, now)
+        if usage is not None and not record.error_code and record.request.body is not None:
+            self.datastore.models.get(record.request.target_model).observe(
+                len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens)
         if record.admitted:
             try:
                 self.admission.completed(record.request, usage)
@@ -225,12 +315,11 @@ class Director:
                 log.exception("admission completion failed")
         for plugin in self.response_complete:
             try:
-                plugin.response_complete(record.request, endpoint)
+                plugin.response_complete(record.request, endpoint, usage)
             except Exception:  # a plugin must never leak the request's accounting
                 log.exception("response-complete plugin %s failed", plugin.name)
         if self.metrics:
             if endpoint is not None:
                 self.metrics.running_changed(record.request.model, -1)
             if not record.error_code:
-                self.metrics.request_finished(record.request, usage, response_bytes,
-                                              time.monotonic() - record.start)
+                self.metrics.request_finished(record.request, usage, response_bytes, now - record.start)

@@ -30,3 +30,10 @@ class RequestMetricsSink(Protocol):
     def request_finished(self, request: InferenceRequest, usage: Usage | None, response_bytes: int,
                          elapsed: float) -> None:
         """A request was served without error; `elapsed` seconds from its arrival to its end."""
+
+    def ttft_predicted(self, request: InferenceRequest, predicted: float, observed: float) -> None:
+        """A streamed request's first token came `observed` seconds after its pick; the
+        predicted-latency scorer had said `predicted`."""
+
+    def slo_outcome(self, request: InferenceRequest, outcome: str) -> None:
+        """A request with a TTFT objective `met` or `missed` it, or was `shed` for it."""

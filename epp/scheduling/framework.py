@@ -17,17 +17,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.api.request import InferenceRequest
+from epp.api.response import Usage
 from epp.datastore import Endpoint
 from epp.plugin import Plugin, PluginContext
+from epp.scheduling.prediction import Prediction
 
 __all__ = ["Plugin", "PluginContext"]  # re-exported: plugins import their bases from here
 
 
 @dataclass(slots=True)
 class CycleState:
-    """Scratch space for one scheduling cycle, keyed by plugin name (e.g. prefix match counts)."""
+    """Scratch space for one scheduling cycle, keyed by plugin name (e.g. prefix match counts).
+
+    `predictions` (endpoint address -> `Prediction`) is filled by the predicted-latency producer
+    and read by its scorer and filter, the decision trace and the ledger."""
 
     data: dict[str, Any] = field(default_factory=dict)
+    predictions: dict[str, Prediction] = field(default_factory=dict)
 
 
 class Filter(Plugin):
@@ -54,6 +60,10 @@ class DataProducer(Plugin):
     @abstractmethod
     def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None: ...
 
+    def depends_on(self) -> list[str]:
+        """Names of the producers whose output this one reads: they run first."""
+        return []
+
 
 class PreRequest(Plugin):
     """Called after a successful pick, before the request is forwarded."""
@@ -74,10 +84,11 @@ class ResponseReceived(Plugin):
 
 
 class ResponseComplete(Plugin):
-    """Called once when a request has ended (success, error or abort)."""
+    """Called once when a request has ended (success, error or abort), with the usage its
+    response reported (None when it reported none)."""
 
     @abstractmethod
-    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None) -> None: ...
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None: ...
 
 
 @dataclass(slots=True)

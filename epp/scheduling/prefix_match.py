@@ -19,10 +19,13 @@ class PrefixMatch:
     block_size_tokens: int
     matched: dict[str, int]  # endpoint address -> leading blocks it holds
     hashes: list[int] = field(default_factory=list)  # the producer's own block keys, if it keeps them
+    # Prompt tokens per block when blocks are not cut in tokens (the approximate producer cuts
+    # characters); 0: `block_size_tokens`.
+    tokens_per_block: float = 0.0
 
     def tokens(self, address: str) -> int:
-        """Prompt tokens `address` is believed to hold (its matched blocks × block size)."""
-        return self.matched.get(address, 0) * self.block_size_tokens
+        """Prompt tokens `address` is believed to hold (its matched blocks × tokens per block)."""
+        return int(self.matched.get(address, 0) * (self.tokens_per_block or self.block_size_tokens))
 
     def ratio(self, address: str) -> float:
         return self.matched.get(address, 0) / self.total if self.total else 0.0

@@ -80,15 +80,15 @@ def test_tgi_messages_api_usage_is_openais(chunk: int) -> None:
 
 def test_sglang_generate_meta_info() -> None:
     usage = observe(Api.SGLANG_GENERATE, sample(SGLANG, "generate-response.json"), streaming=False)
-    assert usage == Usage(prompt_tokens=5, completion_tokens=32, total_tokens=37)
+    assert usage == Usage(prompt_tokens=5, completion_tokens=32, total_tokens=37, cached_reported=True)
     batch = observe(Api.SGLANG_GENERATE, sample(SGLANG, "generate-response-batch.json"), streaming=False)
-    assert batch == Usage(prompt_tokens=13, completion_tokens=13, total_tokens=26, cached_tokens=4)
+    assert batch == Usage(prompt_tokens=13, completion_tokens=13, total_tokens=26, cached_tokens=4, cached_reported=True)
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
 def test_sglang_stream_takes_the_last_cumulative_event(chunk: int) -> None:
     usage = observe(Api.SGLANG_GENERATE, sample(SGLANG, "generate-stream.txt"), streaming=True, chunk=chunk)
-    assert usage == Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8, cached_tokens=4)
+    assert usage == Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8, cached_tokens=4, cached_reported=True)
     assert observe(Api.SGLANG_GENERATE, sample(SGLANG, "generate-stream-error.txt"), streaming=True) is None
 
 

@@ -56,7 +56,7 @@ def test_default_config() -> None:
     assert isinstance(config.data_source, MetricsDataSource) and isinstance(config.extractor, CoreMetricsExtractor)
     assert config.parser == "openai-parser"
     assert config.feature_gates == frozenset() and config.flow_control is None
-    assert config.response_received == [] and config.response_complete == [] and config.warnings == []
+    assert config.response_received == [] and config.response_complete == [producer] and config.warnings == []
 
 
 def test_reference_default_config() -> None:

@@ -16,13 +16,16 @@ from epp.scheduling.plugins.destination_endpoint_served_verifier import Destinat
 from epp.scheduling.plugins.header_based_testing_filter import HeaderBasedTestingFilter
 from epp.scheduling.plugins.inflight_load_producer import InflightLoadProducer
 from epp.scheduling.plugins.kv_cache_utilization_scorer import KvCacheUtilizationScorer
+from epp.scheduling.plugins.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.lora_affinity_scorer import LoraAffinityScorer
 from epp.scheduling.plugins.max_score_picker import MaxScorePicker
+from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
 from epp.scheduling.plugins.prefix_cache_scorer import PrefixCacheScorer
 from epp.scheduling.plugins.queue_scorer import QueueScorer
 from epp.scheduling.plugins.random_picker import RandomPicker
 from epp.scheduling.plugins.running_requests_size_scorer import RunningRequestsSizeScorer
 from epp.scheduling.plugins.single_profile_handler import SingleProfileHandler
+from epp.scheduling.plugins.slo_headroom_tier_filter import SloHeadroomTierFilter
 from epp.scheduling.plugins.token_load_scorer import TokenLoadScorer
 from epp.scheduling.plugins.weighted_random_picker import WeightedRandomPicker
 
@@ -35,9 +38,13 @@ PLUGIN_CLASSES: tuple[type[Plugin], ...] = (
     TokenLoadScorer,
     ActiveRequestScorer,
     PrefixCacheScorer,
+    LatencyScorer,
+    # filters
+    SloHeadroomTierFilter,
     # data producers / request-lifecycle hooks
     ApproxPrefixCacheProducer,
     InflightLoadProducer,
+    PredictedLatencyProducer,
     # pickers
     MaxScorePicker,
     RandomPicker,
@@ -57,13 +64,16 @@ __all__ = [
     "HeaderBasedTestingFilter",
     "InflightLoadProducer",
     "KvCacheUtilizationScorer",
+    "LatencyScorer",
     "LoraAffinityScorer",
     "MaxScorePicker",
+    "PredictedLatencyProducer",
     "PrefixCacheScorer",
     "QueueScorer",
     "RandomPicker",
     "RunningRequestsSizeScorer",
     "SingleProfileHandler",
+    "SloHeadroomTierFilter",
     "TokenLoadScorer",
     "WeightedRandomPicker",
 ]

@@ -1,24 +1,33 @@
 """The approximate prefix index: which endpoint has probably cached which prompt blocks.
 
-Per endpoint an LRU of block keys (sized like the endpoint's KV cache), plus one global map from
-key to the endpoints holding it, so a lookup costs one dict probe per block whatever the pool
-size. Evicting a key from an endpoint's LRU removes that endpoint from the key's holder set, the
-way the model server's own cache forgets the oldest blocks.
+Per endpoint an LRU sized like the endpoint's KV cache, plus one global map from block key to
+the endpoints holding it, so a lookup costs one dict probe per block whatever the pool size.
+
+The LRU accounts for what really fills a pod's cache, not only the blocks we hash: every
+request's whole footprint (its prompt beyond the hashed prefix, its output) enters as one
+anonymous entry weighing that many blocks, so a pod that served many long requests forgets old
+prefixes as the engine does. Within a request, blocks are recorded tail first, so the shared head
+of a prompt is the most recent and the last to go — the order in which vLLM frees a finished
+request's blocks to its eviction queue. Evicting a key removes that endpoint from the key's
+holder set.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
 
 class PrefixIndex:
-    __slots__ = ("_lrus", "_holders", "_entries")
+    __slots__ = ("_lrus", "_weights", "_holders", "_entries", "_anonymous")
 
     def __init__(self) -> None:
-        self._lrus: dict[str, OrderedDict[int, None]] = {}
+        self._lrus: dict[str, OrderedDict[int, int]] = {}  # server -> key -> weight (blocks)
+        self._weights: dict[str, int] = {}  # server -> Σ weights
         self._holders: dict[int, set[str]] = {}
-        self._entries = 0
+        self._entries = 0  # hashed keys held, over all servers
+        self._anonymous = itertools.count(-1, -1)  # keys of footprint entries (never matched)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Blocks matched per endpoint, walking the keys in order until one nobody holds.
@@ -46,35 +55,70 @@ class PrefixIndex:
                 counts[server] = counts.get(server, 0) + run
         return counts
 
-    def add(self, hashes: Sequence[int], server: str, capacity: int) -> None:
-        """Record that `server` now caches these blocks; evict its oldest beyond `capacity`."""
+    def add(self, hashes: Sequence[int], server: str, capacity: int, extra_blocks: int = 0) -> None:
+        """Record that `server` now caches these blocks, after `extra_blocks` more of this
+        request's own (its unhashed prompt tail and output); evict its oldest beyond `capacity`."""
         lru = self._lrus.get(server)
         if lru is None:
             lru = self._lrus[server] = OrderedDict()
+            self._weights[server] = 0
         holders = self._holders
-        before = len(lru)
-        for key in hashes:
+        weight = self._weights[server]
+        if extra_blocks > 0:
+            lru[next(self._anonymous)] = extra_blocks
+            weight += extra_blocks
+        added = 0
+        for key in reversed(hashes):
             if key in lru:
                 lru.move_to_end(key)
             else:
-                lru[key] = None
+                lru[key] = 1
+                weight += 1
+                added += 1
                 servers = holders.get(key)
                 if servers is None:
                     holders[key] = {server}
                 else:
                     servers.add(server)
-        while len(lru) > max(capacity, 0):
-            old, _ = lru.popitem(last=False)
-            self._forget(old, server)
-        self._entries += len(lru) - before
+        self._entries += added
+        capacity = max(capacity, 0)
+        while weight > capacity and lru:
+            old, w = lru.popitem(last=False)
+            weight -= w
+            if old >= 0:
+                self._forget(old, server)
+                self._entries -= 1
+        self._weights[server] = weight
+
+    def touch(self, hashes: Sequence[int], server: str) -> None:
+        """The blocks were used again (a request that held them ended): they are recent."""
+        lru = self._lrus.get(server)
+        if lru is None:
+            return
+        for key in reversed(hashes):
+            if key in lru:
+                lru.move_to_end(key)
+
+    def forget(self, hashes: Sequence[int], server: str) -> None:
+        """`server` no longer holds these blocks (its engine said it had evicted them)."""
+        lru = self._lrus.get(server)
+        if lru is None:
+            return
+        for key in hashes:
+            if lru.pop(key, None) is not None:
+                self._weights[server] -= 1
+                self._entries -= 1
+                self._forget(key, server)
 
     def remove_server(self, server: str) -> None:
         lru = self._lrus.pop(server, None)
+        self._weights.pop(server, None)
         if lru is None:
             return
         for key in lru:
-            self._forget(key, server)
-        self._entries -= len(lru)
+            if key >= 0:
+                self._forget(key, server)
+                self._entries -= 1
 
     def _forget(self, key: int, server: str) -> None:
         servers = self._holders.get(key)
@@ -100,4 +144,8 @@ class PrefixIndex:
 
     def server_entries(self, server: str) -> int:
         lru = self._lrus.get(server)
-        return len(lru) if lru is not None else 0
+        return sum(1 for key in lru if key >= 0) if lru is not None else 0
+
+    def server_weight(self, server: str) -> int:
+        """Blocks the LRU accounts for on `server` (hashed and anonymous)."""
+        return self._weights.get(server, 0)

@@ -3,10 +3,18 @@
 No tokenizer and no events from the model servers: we remember where we *sent* each prompt's
 blocks (`_prefix_hash`), per endpoint in an LRU sized like its KV cache (`_prefix_index`), and
 assume the server still caches them. Before scheduling (`prepare`) it matches the request against
-the index and leaves a `PrefixMatch` in the cycle state for `prefix-cache-scorer`. After the pick
-(`pre_request`) it records the blocks for the primary target (and a `prefill` profile's target, if
-any) — optimistically, at pick time, as the reference does, so a burst of similar prompts already
-benefits before any response arrives. Endpoints that leave the datastore leave the index.
+the index and leaves a `PrefixMatch` in the cycle state for `prefix-cache-scorer` and the
+predicted-latency producer. After the pick (`pre_request`) it records the blocks for the primary
+target (and a `prefill` profile's target, if any) — optimistically, at pick time, as the reference
+does, so a burst of similar prompts already benefits before any response arrives.
+
+What fits: the LRU is charged each request's whole KV footprint (prompt and expected output, in
+the endpoint's blocks, with the model's learned characters per token), not only the hashed prefix,
+so it forgets as the engine does; when a request ends its prefix is touched again (vLLM frees a
+finished request's blocks to the tail of its eviction queue). Where responses report their cached
+prompt tokens (vLLM's `--enable-prompt-tokens-details`), every shortfall against the prediction
+shrinks that endpoint's believed capacity, and matching predictions let it grow back. Endpoints
+that leave the datastore leave the index.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from typing import TYPE_CHECKING
 from epp.api.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.params import Params
 from epp.datastore import Datastore, Endpoint
-from epp.scheduling.framework import CycleState, DataProducer, PreRequest, SchedulingResult
+from epp.api.response import Usage
+from epp.scheduling.framework import CycleState, DataProducer, PreRequest, ResponseComplete, SchedulingResult
 from epp.scheduling.prefix_match import PrefixMatch
 from epp.scheduling.plugins._prefix_hash import block_hashes
 from epp.scheduling.plugins._prefix_index import PrefixIndex
@@ -79,7 +88,10 @@ class PrefixCacheStats:
     last_hit_ratio: float = 0.0
 
 
-class ApproxPrefixCacheProducer(DataProducer, PreRequest):
+_MIN_CAPACITY_SCALE = 0.2
+
+
+class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
     type = "approx-prefix-cache-producer"
 
     def __init__(self, name: str = "", config: PrefixCacheConfig | None = None) -> None:
@@ -87,6 +99,10 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         self.config = config or PrefixCacheConfig()
         self.index = PrefixIndex()
         self._stats = PrefixCacheStats()
+        self._datastore: Datastore | None = None
+        # Per endpoint: the share of its KV capacity the index may assume holds our blocks,
+        # corrected from reported cached tokens (1.0 until an engine says otherwise).
+        self._capacity_scale: dict[str, float] = {}
         # Set by the runner: (hit ratio, hit bytes) of each pick, for the reference's histograms.
         self.observer: Callable[[float, int], None] | None = None
 
@@ -100,10 +116,22 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
 
     def attach(self, datastore: Datastore) -> None:
         """Forget endpoints the datastore drops, so the index only describes live pods."""
+        self._datastore = datastore
         datastore.subscribe(on_remove=self._endpoint_removed)
 
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
         self.index.remove_server(endpoint.address)
+        self._capacity_scale.pop(endpoint.address, None)
+
+    def _chars_per_token(self, request: InferenceRequest) -> float:
+        if self._datastore is None:
+            return float(CHARS_PER_TOKEN)
+        return self._datastore.models.get(request.target_model).chars_per_token
+
+    def tokens_per_block(self, request: InferenceRequest, block_size_tokens: int) -> float:
+        """Prompt tokens one hashed block holds: its characters over the model's (learned)
+        characters per token."""
+        return block_size_tokens * CHARS_PER_TOKEN / self._chars_per_token(request)
 
     # -- sizes, auto-tuned from the model servers' cache_config_info --
 
@@ -120,11 +148,16 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
             return self.config.max_prefix_tokens // block_size_tokens
         return self.config.max_prefix_blocks
 
-    def lru_capacity(self, endpoint: Endpoint) -> int:
+    def lru_capacity(self, endpoint: Endpoint, tokens_per_block: float | None = None) -> int:
+        """Index blocks the endpoint's KV cache holds: its GPU blocks (auto-tuned from
+        `cache_config_info`) in units of the index's blocks, times the learned capacity scale."""
         if self.config.auto_tune:
             blocks = endpoint.metrics.cache_num_blocks
             if blocks > 0:
-                return blocks
+                size = endpoint.metrics.cache_block_size
+                if tokens_per_block and size > 0:
+                    blocks = int(blocks * size / tokens_per_block)
+                return max(1, int(blocks * self._capacity_scale.get(endpoint.address, 1.0)))
         return self.config.lru_capacity_per_server
 
     # -- extension points --
@@ -143,6 +176,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
             block_size_tokens=block_tokens,
             matched=self.index.match(hashes) if hashes else {},
             hashes=hashes,
+            tokens_per_block=self.tokens_per_block(request, block_tokens),
         )
 
     def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
@@ -162,9 +196,41 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest):
         prefill = result.profiles.get(PREFILL_PROFILE)
         if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
             targets.append(prefill.targets[0])
+        tpb = match.tokens_per_block or float(match.block_size_tokens)
+        footprint = self._footprint_tokens(request, len(request.prompt))
+        extra = max(0, int(footprint / tpb) - len(match.hashes))
         for endpoint in targets:
-            self.index.add(match.hashes, endpoint.address, self.lru_capacity(endpoint))
+            self.index.add(match.hashes, endpoint.address, self.lru_capacity(endpoint, tpb), extra)
+        request.state[self.name] = (match, target.address)
         self._record(match, target)
+
+    def _footprint_tokens(self, request: InferenceRequest, prompt_chars: int) -> int:
+        """KV tokens the request will hold: its prompt and the output it is expected to write."""
+        if self._datastore is None:
+            return prompt_chars // CHARS_PER_TOKEN + (request.max_tokens or 0)
+        stats = self._datastore.models.get(request.target_model)
+        return stats.prompt_tokens(prompt_chars) + stats.expected_output(request.max_tokens)
+
+    def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
+        held = request.state.pop(self.name, None)
+        if held is None or endpoint is None:
+            return
+        match, address = held
+        if address != endpoint.address:
+            return
+        self.index.touch(match.hashes, address)
+        if usage is None or not usage.cached_reported:
+            return
+        predicted = match.matched.get(address, 0)
+        if predicted <= 0:
+            return
+        reported = usage.cached_tokens / (match.tokens_per_block or match.block_size_tokens)
+        scale = self._capacity_scale.get(address, 1.0)
+        if reported < predicted * 0.9:  # the engine had evicted what the index still believed
+            scale = max(_MIN_CAPACITY_SCALE, scale * 0.95)
+        else:
+            scale = min(1.0, scale * 1.01)
+        self._capacity_scale[address] = scale
 
     def _record(self, match: PrefixMatch, target: Endpoint) -> None:
         stats = self._stats

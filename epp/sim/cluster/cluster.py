@@ -135,6 +135,9 @@ class Cluster:
                                max_model_len=cfg.engine.max_model_len)
         self._done = loop.create_future()
         self.router.attach(self)
+        if self.router.wants_first_token:
+            for pod in self.pods:
+                pod.on_first_token = self._first_token
         await self.router.start()
         if self.router.wants_metrics:
             # Every pod is scraped at its own phase of the interval, as independent scrape loops
@@ -230,6 +233,12 @@ class Cluster:
             self._end(job, "bad_request", routed=True)
 
     # -- completions --
+
+    def _first_token(self, req: Request) -> None:
+        job = req.user_data
+        if isinstance(job, Job):
+            job.first_token = req.first_token_time
+            self.router.first_token(job)
 
     def _finished(self, req: Request) -> None:
         job = req.user_data

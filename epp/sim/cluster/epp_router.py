@@ -44,6 +44,7 @@ class EppRouter(Router):
     """Routes through the EPP; `config_text` is an EndpointPickerConfig (None: the default)."""
 
     wants_metrics = True
+    wants_first_token = True  # the EPP reads the first streamed bytes, as the ext_proc stream does
 
     def __init__(self, config_text: str | None = None, *, name: str = "epp", seed: int = 0,
                  refresh_interval: float = 0.05) -> None:
@@ -98,7 +99,7 @@ class EppRouter(Router):
         return len(admission.controller) if isinstance(admission, FlowControlAdmission) else 0
 
     def observe(self, pod: int, metrics: EndpointMetrics) -> None:
-        self.endpoints[pod].metrics = metrics
+        self.endpoints[pod].update_metrics(metrics)
 
     async def route(self, job: Job) -> int:
         body = {"model": job.lora or self._model, "prompt": job.prompt, "max_tokens": job.max_tokens,
@@ -115,6 +116,11 @@ class EppRouter(Router):
             if isinstance(priority, int):  # flow control's order, carried into vLLM
                 job.request.priority = priority
         return self._index[decision.targets[0].address]
+
+    def first_token(self, job: Job) -> None:
+        record = job.handle
+        if isinstance(record, RequestRecord):
+            self.director.first_byte(record)
 
     def finished(self, job: Job) -> None:
         record = job.handle

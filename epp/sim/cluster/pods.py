@@ -28,7 +28,7 @@ from epp.sim.steptime import StepTimeModel
 class ClusterPod:
     """An engine on the loop's clock; `on_finish(request)` is called as requests end."""
 
-    __slots__ = ("index", "engine", "loop", "on_finish", "itl_sum", "itl_count", "last_scrape",
+    __slots__ = ("index", "engine", "loop", "on_finish", "on_first_token", "itl_sum", "itl_count", "last_scrape",
                  "_max_loras", "_num_blocks", "_block_size", "busy_time", "itl_hist")
 
     def __init__(self, index: int, config: EngineConfig, loop: asyncio.AbstractEventLoop,
@@ -37,6 +37,8 @@ class ClusterPod:
         self.engine = Engine(config, step_time)
         self.loop = loop
         self.on_finish = on_finish
+        # Set when the router listens for first tokens (the EPP learns from them, as from a stream).
+        self.on_first_token: Callable[[Request], None] | None = None
         # Cumulative inter-token latency histogram totals (what vLLM's _sum/_count would show).
         self.itl_sum = 0.0
         self.itl_count = 0
@@ -76,6 +78,11 @@ class ClusterPod:
             hist = self.itl_hist
             hist[key] = hist.get(key, 0) + decodes
         self.busy_time += out.duration
+        first = self.on_first_token
+        if first is not None:
+            for r in step.new_tokens:
+                if r.num_output_tokens == 1:
+                    first(r)
         for r in step.finished:
             self.on_finish(r)
         if not self.engine.busy:

@@ -36,6 +36,7 @@ class Router(ABC):
 
     name: str = ""
     wants_metrics: bool = False
+    wants_first_token: bool = False
     cluster: Cluster  # set by `attach`
 
     def attach(self, cluster: Cluster) -> None:
@@ -54,6 +55,9 @@ class Router(ABC):
 
     def finished(self, job: Job) -> None:
         """`job` ended (served, or failed after routing)."""
+
+    def first_token(self, job: Job) -> None:
+        """`job`'s first token reached the client (only when `wants_first_token`)."""
 
     def observe(self, pod: int, metrics: EndpointMetrics) -> None:
         """A scrape of `pod` (only when `wants_metrics`)."""

@@ -1,0 +1,224 @@
+"""The ledger of outstanding work per endpoint: what the EPP itself sent a pod and is not done.
+
+Scraped metrics say what a pod was doing up to one scrape interval ago, and count *requests*.
+The ledger is exact for the EPP's own traffic and counts *work*: per in-flight request its
+uncached prompt tokens (what the pod must still prefill), whether its prefill is over, the
+context its decode steps read and the KV it will hold. Request control writes it at every event
+of a request's life (pick, first byte, end); the predicted-latency scorer reads it.
+
+Prefill is a FIFO timeline: a pod works through the prefill of the requests sent to it in the
+order they arrived (vLLM's FCFS admission with chunked prefill), and each request's prefill is
+expected to end when its predicted time to first token says. A streamed first byte is the truth
+and resynchronises the timeline: that request and every one sent before it are past prefill, and
+the ones after it move by as much as it was late (or early). A request whose response is not
+streamed leaves the prefill queue when its expected time passes; a streamed one whose first byte
+is long overdue leaves too, so a lost event cannot wedge the queue. Between events the request
+at the head counts as partly done, in proportion to the time it has had.
+
+Everything kept per endpoint is a sum over its outstanding requests (plus time integrals), so
+several writers' ledgers of one endpoint add up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+_OVERDUE_FACTOR = 3.0  # a streamed first byte this many predicted TTFTs late is taken as lost
+_OVERDUE_MIN = 2.0  # seconds
+RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
+
+
+@dataclass(slots=True, eq=False)
+class Outstanding:
+    """One request in an endpoint's ledger, from its pick to its end."""
+
+    prompt_tokens: int  # estimated prompt length in tokens
+    cached_tokens: int  # of those, predicted to be in this pod's prefix cache at the pick
+    output_tokens: int  # expected generated tokens (max_tokens, or the learned mean)
+    dispatched: float  # clock time of the pick
+    predicted_ttft: float = 0.0  # seconds, from the pick
+    streamed: bool = True  # its first byte will be its first token
+    # The service model's features at the pick, for learning from the observed TTFT.
+    step_feature: float = 0.0
+    prefill_feature: float = 0.0
+    started: float = 0.0  # expected start of its prefill (the one ahead's end), on the timeline
+    expected_done: float = 0.0  # expected end of its prefill
+    first_token: float = -1.0  # clock time of the first streamed byte (-1: not seen)
+    prefilled: bool = False  # past prefill (observed, or expected)
+    released: bool = False
+    # Endpoint integrals at the first byte, for the mean batch its decode saw.
+    mark_time: float = 0.0
+    mark_decode_integral: float = 0.0
+    mark_context_integral: float = 0.0
+    mark_prefill_total: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Uncached prompt tokens: the prefill this request costs its pod."""
+        return max(1, self.prompt_tokens - self.cached_tokens)
+
+    @property
+    def attention_pairs(self) -> float:
+        """Query-key pairs of its prefill (chunks after a cached prefix attend to it)."""
+        u = self.prefill_tokens
+        return u * (self.cached_tokens + u * 0.5)
+
+    @property
+    def footprint_tokens(self) -> int:
+        """KV it holds at its end: prompt plus output."""
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def mean_context(self) -> int:
+        """KV a decode step of it reads, averaged over its decode (prompt + half the output)."""
+        return self.prompt_tokens + self.output_tokens // 2
+
+    def remaining_prefill(self, now: float) -> float:
+        """Prefill tokens still to do at `now`, by the timeline."""
+        if now >= self.expected_done:
+            return 0.0
+        u = self.prefill_tokens
+        if now <= self.started:
+            return float(u)
+        return u * (self.expected_done - now) / (self.expected_done - self.started)
+
+
+@dataclass(slots=True)
+class EndpointLoad:
+    """Outstanding work on one endpoint, as the EPP's own picks account it."""
+
+    pending: deque[Outstanding] = field(default_factory=deque)  # prefill not over, in pick order
+    settled_at: float = 0.0  # clock time the integrals refer to
+    prefill_backlog: int = 0  # Σ prefill_tokens of `pending`
+    prefill_pairs: float = 0.0  # Σ attention_pairs of `pending`
+    decoding: int = 0  # requests past prefill, not ended
+    context_tokens: int = 0  # Σ mean_context of the decoding ones (KV their steps read)
+    footprint_tokens: int = 0  # Σ footprint of every outstanding request
+    requests: int = 0
+    # The ledger as of the endpoint's last scrape, to tell the scraped queue what it cannot
+    # explain (traffic the EPP did not send) from what it can.
+    requests_at_scrape: int = 0
+    pending_at_scrape: int = 0
+    footprint_at_scrape: int = 0
+    # Picks per second sent to this endpoint, and the pod-seconds of work they bring per second
+    # (its utilisation), both exponential averages over RATE_WINDOW as of `rates_at`.
+    pick_rate: float = 0.0
+    work_rate: float = 0.0
+    rates_at: float = 0.0
+    # Monotone counters and integrals (for the mean batch over a request's decode).
+    prefill_total: int = 0  # prefill tokens ever sent
+    decode_integral: float = 0.0  # ∫ decoding dt
+    context_integral: float = 0.0  # ∫ context_tokens dt
+
+    # -- writes (request control) --
+
+    def add(self, item: Outstanding, now: float, work_seconds: float = 0.0) -> None:
+        """A pick: `item` joins the end of the prefill queue (its `predicted_ttft` set);
+        `work_seconds`: the pod time it will cost (its prefill and its share of decode steps)."""
+        self.settle(now)
+        decay = self._decay(now)
+        self.pick_rate = self.pick_rate * decay + 1.0 / RATE_WINDOW
+        self.work_rate = self.work_rate * decay + work_seconds / RATE_WINDOW
+        self.rates_at = now
+        tail = self.pending[-1].expected_done if self.pending else now
+        item.started = max(now, tail)
+        item.expected_done = max(now + item.predicted_ttft, item.started)
+        self.pending.append(item)
+        self.prefill_backlog += item.prefill_tokens
+        self.prefill_pairs += item.attention_pairs
+        self.footprint_tokens += item.footprint_tokens
+        self.prefill_total += item.prefill_tokens
+        self.requests += 1
+
+    def first_byte(self, item: Outstanding, now: float) -> None:
+        """A streamed first byte: `item` and everything picked before it are past prefill; the
+        ones after it shift by how late (or early) it was."""
+        self.settle(now)
+        item.first_token = now
+        if item.prefilled or item.released:
+            return
+        late = now - item.expected_done
+        while self.pending:
+            head = self.pending.popleft()
+            self._to_decode(head)
+            if head is item:
+                break
+        previous = now
+        for later in self.pending:
+            later.started = max(previous, later.started + late)
+            later.expected_done = max(later.started, later.expected_done + late)
+            previous = later.expected_done
+
+    def release(self, item: Outstanding, now: float) -> None:
+        """`item` ended (any way). Idempotent."""
+        if item.released:
+            return
+        self.settle(now)
+        if not item.prefilled:
+            self.pending.remove(item)
+            self.prefill_backlog -= item.prefill_tokens
+            self.prefill_pairs -= item.attention_pairs
+        else:
+            self.decoding -= 1
+            self.context_tokens -= item.mean_context
+        item.released = True
+        self.footprint_tokens -= item.footprint_tokens
+        self.requests -= 1
+
+    def settle(self, now: float) -> None:
+        """Advance the integrals to `now`; requests whose prefill must be over leave the queue."""
+        dt = now - self.settled_at
+        if dt > 0.0:
+            self.settled_at = now
+            self.decode_integral += self.decoding * dt
+            self.context_integral += self.context_tokens * dt
+        pending = self.pending
+        while pending and self._over(pending[0], now):
+            self._to_decode(pending.popleft())
+
+    @staticmethod
+    def _over(item: Outstanding, now: float) -> bool:
+        if now < item.expected_done:
+            return False
+        if not item.streamed:
+            return True
+        overdue = max(_OVERDUE_MIN, _OVERDUE_FACTOR * (item.expected_done - item.dispatched))
+        return now >= item.expected_done + overdue
+
+    def _to_decode(self, item: Outstanding) -> None:
+        item.prefilled = True
+        self.prefill_backlog -= item.prefill_tokens
+        self.prefill_pairs -= item.attention_pairs
+        self.decoding += 1
+        self.context_tokens += item.mean_context
+
+    def mark_scrape(self) -> None:
+        """New scraped metrics arrived: remember what the EPP had outstanding at that moment."""
+        self.requests_at_scrape = self.requests
+        self.pending_at_scrape = len(self.pending)
+        self.footprint_at_scrape = self.footprint_tokens
+
+    # -- reads (scheduling) --
+
+    def _decay(self, now: float) -> float:
+        return math.exp(-max(0.0, now - self.rates_at) / RATE_WINDOW)
+
+    def rate_at(self, now: float) -> float:
+        """Picks per second lately sent here."""
+        return self.pick_rate * self._decay(now) if self.pick_rate > 0.0 else 0.0
+
+    def utilization_at(self, now: float) -> float:
+        """Pod-seconds of work per second lately sent here (the share of the pod it keeps busy)."""
+        return self.work_rate * self._decay(now) if self.work_rate > 0.0 else 0.0
+
+    def backlog_at(self, now: float) -> float:
+        """Prefill tokens still to do at `now`, without changing the ledger: the queue's total
+        less what the timeline says the requests at its head have done."""
+        backlog = float(self.prefill_backlog)
+        for item in self.pending:
+            if now <= item.started:
+                break
+            backlog -= item.prefill_tokens - item.remaining_prefill(now)
+        return max(0.0, backlog)

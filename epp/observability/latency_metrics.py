@@ -1,0 +1,100 @@
+"""Metrics of the predicted-latency path: is the service model right, and what does each pod's
+ledger hold?
+
+- `inference_extension_ttft_prediction_error_ratio` (histogram): |predicted − observed| / observed
+  time to first token of every streamed request the predicted-latency scorer placed; a growing
+  error says the model no longer describes the pods (new hardware, a changed engine setting,
+  traffic the EPP does not see).
+- `inference_extension_ttft_predictions_total{direction}`: over- and under-predictions.
+- `inference_extension_slo_ttft_total{outcome}`: requests with `x-slo-ttft-ms` that `met` or
+  `missed` it (observed at the first streamed byte), or were `shed` because no pod was predicted
+  to meet it.
+- per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
+  gauges):
+  `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
+  `inference_pool_endpoint_decoding_requests`, `inference_pool_endpoint_unexplained_requests`
+  (what the last scrape showed beyond the EPP's own requests: other replicas, direct clients),
+  `inference_pool_endpoint_prefill_rate_tokens_per_second` and
+  `inference_pool_endpoint_step_seconds` (the learned service model at the current batch), and
+  `inference_pool_endpoint_ttft_prediction_error` (its recent mean relative error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.datastore import Datastore
+
+_ERROR_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0, 8.0)
+_LABELS = ["name", "endpoint", "model_server_pod"]
+
+
+class LedgerCollector(Collector):
+    """Per-endpoint ledger and service-model gauges, computed at scrape time."""
+
+    def __init__(self, datastore: Datastore) -> None:
+        self.datastore = datastore
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pool = self.datastore.pool.name
+        now = self.datastore.clock()
+        families = {
+            "queued": GaugeMetricFamily("inference_pool_endpoint_queued_prefill_tokens",
+                                        "Prefill tokens the EPP sent the endpoint that it has not yet done "
+                                        "(the ledger's estimate).", labels=_LABELS),
+            "decoding": GaugeMetricFamily("inference_pool_endpoint_decoding_requests",
+                                          "Requests the EPP sent the endpoint that are past their prefill.",
+                                          labels=_LABELS),
+            "unexplained": GaugeMetricFamily("inference_pool_endpoint_unexplained_requests",
+                                             "Requests the endpoint's last scrape showed beyond the EPP's own "
+                                             "(other replicas, clients bypassing the gateway).",
+                                             labels=_LABELS),
+            "rate": GaugeMetricFamily("inference_pool_endpoint_prefill_rate_tokens_per_second",
+                                      "Prefill tokens per second the endpoint's learned service model predicts "
+                                      "at its current batch.", labels=_LABELS),
+            "step": GaugeMetricFamily("inference_pool_endpoint_step_seconds",
+                                      "Duration of one decode step the learned service model predicts at the "
+                                      "endpoint's current batch.", labels=_LABELS),
+            "error": GaugeMetricFamily("inference_pool_endpoint_ttft_prediction_error",
+                                       "Recent mean relative error of the endpoint's predicted time to first "
+                                       "token.", labels=_LABELS),
+        }
+        for ep in self.datastore.endpoints():
+            load, service, m = ep.load, ep.service, ep.metrics
+            key = [pool, ep.address, ep.name]
+            families["queued"].add_metric(key, load.backlog_at(now))
+            families["decoding"].add_metric(key, float(load.decoding))
+            families["unexplained"].add_metric(
+                key, float(max(0, m.waiting_queue_size + m.running_requests - load.requests_at_scrape)))
+            families["rate"].add_metric(key, service.prefill_rate(load.decoding, load.context_tokens))
+            families["step"].add_metric(key, service.step_seconds(load.decoding, load.context_tokens))
+            families["error"].add_metric(key, service.ttft_error)
+        yield from families.values()
+
+
+class LatencyMetrics:
+    def __init__(self, registry: CollectorRegistry, datastore: Datastore) -> None:
+        self.error = Histogram("inference_extension_ttft_prediction_error_ratio",
+                               "|predicted - observed| / observed time to first token of streamed requests "
+                               "placed by the predicted-latency scorer.", buckets=_ERROR_BUCKETS, registry=registry)
+        self.direction = Counter("inference_extension_ttft_predictions",
+                                 "Predicted times to first token that came out over or under the observed one.",
+                                 ["direction"], registry=registry)
+        self.slo = Counter("inference_extension_slo_ttft",
+                           "Requests with x-slo-ttft-ms, by outcome: met, missed (observed at the first "
+                           "streamed byte), shed (no endpoint was predicted to meet it).",
+                           ["outcome"], registry=registry)
+        registry.register(LedgerCollector(datastore))
+
+    def ttft_predicted(self, predicted: float, observed: float) -> None:
+        if observed <= 0.0:
+            return
+        self.error.observe(abs(predicted - observed) / observed)
+        self.direction.labels("over" if predicted > observed else "under").inc()
+
+    def slo_outcome(self, outcome: str) -> None:
+        self.slo.labels(outcome).inc()

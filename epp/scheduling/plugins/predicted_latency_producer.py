@@ -1,0 +1,241 @@
+"""`predicted-latency-producer` (llm-d's name): for every candidate, the seconds until this
+request's first token if it were sent there — a prediction, not a weighted sum of proxies.
+
+    TTFT(p) = steps × step_p(D, K) + prefill_p(queued_p + own_p)  +  slot wait  +  KV wait
+
+- `queued_p`: prefill tokens already queued on p — the EPP's own ledger of what it sent p and p has
+  not started answering (`EndpointLoad`, exact for its own traffic, drained at p's learned rate),
+  plus what p's scraped queue shows beyond that (traffic the EPP did not route);
+- `own_p`: this request's prompt tokens minus those p is predicted to hold in its prefix cache
+  (the cache credit, from the configured prefix producer's `PrefixMatch`);
+- `step_p(D, K)`, `prefill_p`: p's service model (`ServiceModel`), the step-time model of the
+  calibration data with two multipliers learned online per pod from observed first-token times
+  and inter-token latencies;
+- slot wait: p's batch is full (`maxNumSeqs`) and the request must wait for a running one to end;
+  KV wait: p's KV cache cannot hold the prompt until running requests free blocks.
+
+The predictions land in `CycleState.predictions` for `latency-scorer`, `slo-headroom-tier-filter`,
+the decision trace, and the ledger entry request control books at the pick.
+
+Parameters (all optional):
+- `prefixMatchInfoProducerName`: the prefix producer whose `PrefixMatch` is the cache credit
+  (default: the configured `approx-prefix-cache-producer`, created if there is none).
+- `maxNumBatchedTokens` (8192), `maxNumSeqs` (256): the engines' scheduler limits (vLLM's
+  defaults; vLLM does not export them).
+- `stepOverheadMs` (6.6), `prefillMsPerToken` (0.0205), `decodeMsPerSeq` (0.0148),
+  `contextMsPerToken` (5.06e-5), `attentionMsPerPair` (1.89e-6): the prior step costs, an 8B model
+  on one H100; each pod corrects them online.
+- `learn` (true): learn each pod's rates from what it answers.
+
+```yaml
+plugins:
+- type: predicted-latency-producer
+  parameters: {maxNumSeqs: 256, maxNumBatchedTokens: 8192}
+- type: latency-scorer
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: latency-scorer}]
+```
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from epp.api.request import InferenceRequest
+from epp.datastore import Datastore, Endpoint, StepCosts
+from epp.params import Params
+from epp.scheduling.framework import CycleState, DataProducer, Plugin
+from epp.scheduling.plugins._requires import unique_name
+from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.scheduling.prediction import Prediction
+from epp.scheduling.prefix_match import PrefixMatch
+
+if TYPE_CHECKING:
+    from epp.plugin import PluginContext
+
+_MS = 1e-3
+_RATE_WINDOW = 10.0  # seconds
+# A request arriving at a busy pod waits for the step in flight and then its own: the steps
+# whose length a decode batch sets, per TTFT.
+_STEPS_PER_TTFT = 1.5
+_MAX_UTILIZATION = 0.95
+
+
+class PredictedLatencyProducer(DataProducer):
+    type = "predicted-latency-producer"
+
+    def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
+                 prefix_producer_name: str = "", learn: bool = True) -> None:
+        super().__init__(name)
+        self.datastore = datastore
+        self.prior = prior or StepCosts()
+        self.prefix_producer_name = prefix_producer_name
+        self.prefix_producer: Plugin | None = None
+        self.learn = learn
+        # The pool's request rate (an exponential average over `_RATE_WINDOW` seconds): how many
+        # requests a pod will receive while this one decodes there.
+        self._rate = 0.0
+        self._rate_at = 0.0
+        datastore.subscribe(on_add=self._endpoint_added)
+
+    @classmethod
+    def from_config(cls, name: str, params: Params, ctx: PluginContext) -> PredictedLatencyProducer:
+        d = StepCosts()
+        prior = StepCosts(
+            overhead=params.float("stepOverheadMs", d.overhead / _MS, min=0.0) * _MS,
+            per_prefill_token=params.float("prefillMsPerToken", d.per_prefill_token / _MS, min=0.0,
+                                           min_exclusive=True) * _MS,
+            per_decode_seq=params.float("decodeMsPerSeq", d.per_decode_seq / _MS, min=0.0) * _MS,
+            per_context_token=params.float("contextMsPerToken", d.per_context_token / _MS, min=0.0) * _MS,
+            per_attention_pair=params.float("attentionMsPerPair", d.per_attention_pair / _MS, min=0.0) * _MS,
+            max_batched_tokens=params.int("maxNumBatchedTokens", d.max_batched_tokens, min=1),
+            max_num_seqs=params.int("maxNumSeqs", d.max_num_seqs, min=1),
+        )
+        if prior.overhead <= 0.0:
+            raise params.error("stepOverheadMs", "must be > 0")
+        producer = params.str("prefixMatchInfoProducerName", "")
+        learn = params.bool("learn", True)
+        params.done()
+        return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn)
+
+    def _endpoint_added(self, endpoint: Endpoint) -> None:
+        """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
+        if endpoint.service.observations == 0:
+            endpoint.service.prior = self.prior
+
+    # -- wiring --
+
+    def create_missing_producers(self, ctx: PluginContext) -> list[Plugin]:
+        """Bind the prefix producer named by `prefixMatchInfoProducerName` (else the approximate
+        one, created with default parameters when none is configured)."""
+        if self.prefix_producer_name:
+            plugin = ctx.plugins.get(self.prefix_producer_name)
+            if plugin is None or not isinstance(plugin, DataProducer):
+                from epp.params import ConfigError
+
+                raise ConfigError(f"{self.name}: prefixMatchInfoProducerName: no data producer named "
+                                  f"{self.prefix_producer_name!r}")
+            self.prefix_producer = plugin
+            return []
+        for plugin in ctx.plugins.values():
+            if isinstance(plugin, ApproxPrefixCacheProducer):
+                self.prefix_producer = plugin
+                return []
+        producer = ApproxPrefixCacheProducer(unique_name(ApproxPrefixCacheProducer.type, ctx.plugins))
+        producer.attach(ctx.datastore)
+        self.prefix_producer = producer
+        return [producer]
+
+    def depends_on(self) -> list[str]:
+        return [self.prefix_producer.name] if self.prefix_producer is not None else []
+
+    # -- the prediction --
+
+    def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        match = cycle.data.get(self.prefix_producer.name) if self.prefix_producer is not None else None
+        if not isinstance(match, PrefixMatch):
+            match = None
+        stats = self.datastore.models.get(request.target_model)
+        prompt = stats.prompt_tokens(len(request.prompt))
+        output = stats.expected_output(request.max_tokens)
+        output = max(1, output)
+        now = self.datastore.clock()
+        arrivals = self._arrival_rate(now) / max(1, len(endpoints))
+        source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
+        predictions = cycle.predictions
+        for ep in endpoints:
+            predictions[ep.address] = self.predict(ep, match, prompt, output, now, stats.mean_output_tokens, source,
+                                                   arrivals)
+
+    def _arrival_rate(self, now: float) -> float:
+        """Requests per second reaching the pool, counting this one."""
+        dt = max(0.0, now - self._rate_at)
+        self._rate_at = now
+        self._rate = self._rate * math.exp(-dt / _RATE_WINDOW) + 1.0 / _RATE_WINDOW
+        return self._rate
+
+    def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
+                mean_output: float, source: str = "", arrivals_per_pod: float = 0.0) -> Prediction:
+        load, service, metrics = ep.load, ep.service, ep.metrics
+        prior = service.prior
+        cached = min(match.tokens(ep.address), prompt - 1) if match is not None else 0
+        own = prompt - cached
+        decoding = float(load.decoding)
+        context = float(load.context_tokens)
+        # Traffic the ledger cannot explain (other replicas, clients bypassing the gateway): what
+        # the last scrape showed beyond the EPP's own requests of that moment.
+        unexplained = max(0, metrics.waiting_queue_size + metrics.running_requests - load.requests_at_scrape)
+        if unexplained:
+            decoding += unexplained
+            context += unexplained * (prompt + mean_output * 0.5)
+        queued = load.backlog_at(now)
+        if metrics.waiting_queue_size > load.pending_at_scrape:
+            queued += (metrics.waiting_queue_size - load.pending_at_scrape) * prompt
+        pairs = load.prefill_pairs + own * (cached + own * 0.5)
+        estimate = service.ttft(queued + own, pairs, decoding, context)
+        wait = self._slot_wait(ep, decoding, context, output, mean_output, unexplained)
+        wait += self._kv_wait(ep, own, decoding, context, mean_output)
+        step = service.step_seconds(decoding + 1.0, context + prompt)
+        itl = step + service.prefill_scale * prior.per_prefill_token * min(queued, prior.max_batched_tokens)
+        # What the pick costs the requests that reach the pod after it, in seconds of their TTFT.
+        # While it decodes (output × itl) every step is longer by its share, and each request
+        # arriving meanwhile waits `_STEPS_PER_TTFT` steps; its prefill delays the ones that queue
+        # behind it. A busy pod amplifies both: what slows it keeps more requests in it longer
+        # (utilisation u: the pod-seconds of work per second lately sent there).
+        share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
+        own_seconds = service.prefill_scale * (prior.per_prefill_token * own
+                                               + prior.per_attention_pair * own * (cached + own * 0.5))
+        work = own_seconds + output * share
+        u = min(_MAX_UTILIZATION, load.utilization_at(now))
+        arrivals = max(load.rate_at(now), arrivals_per_pod)
+        externality = (_STEPS_PER_TTFT * share * arrivals * output * itl + own_seconds * u) / (1.0 - u)
+        ttft = estimate.seconds + wait
+        return Prediction(
+            ttft=ttft,
+            cost=ttft + externality,
+            work_seconds=work,
+            queued_prefill=queued,
+            own_prefill=own,
+            cached_tokens=cached,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            prefill_seconds=estimate.seconds,
+            wait_seconds=wait,
+            itl=itl,
+            step_feature=estimate.step_feature if self.learn else 0.0,
+            prefill_feature=estimate.prefill_feature if self.learn else 0.0,
+            prefix_source=source,
+        )
+
+    @staticmethod
+    def _completions_per_second(service_step: float, decoding: float, mean_output: float) -> float:
+        """How fast running requests end: each needs about half the mean output still."""
+        remaining = max(1.0, mean_output * 0.5)
+        return decoding / (remaining * max(service_step, 1e-6))
+
+    def _slot_wait(self, ep: Endpoint, decoding: float, context: float, output: int, mean_output: float,
+                   unexplained: int) -> float:
+        """Seconds until a batch slot frees when the pod already runs `maxNumSeqs` requests."""
+        running = ep.load.requests + unexplained
+        limit = ep.service.prior.max_num_seqs
+        if running < limit or decoding <= 0.0:
+            return 0.0
+        step = ep.service.step_seconds(decoding, context)
+        return (running - limit + 1) / self._completions_per_second(step, decoding, mean_output)
+
+    def _kv_wait(self, ep: Endpoint, own: int, decoding: float, context: float, mean_output: float) -> float:
+        """Seconds until the pod's KV cache can take this prompt's uncached blocks."""
+        m = ep.metrics
+        capacity = m.cache_num_blocks * m.cache_block_size
+        if capacity <= 0 or decoding <= 0.0:
+            return 0.0
+        # KV in use: the scrape's, plus what the EPP sent since (its ledger grew by that much).
+        used = max(m.kv_cache_usage * capacity, 0.0) + max(0, ep.load.footprint_tokens - ep.load.footprint_at_scrape)
+        short = used + own - capacity
+        if short <= 0.0:
+            return 0.0
+        step = ep.service.step_seconds(decoding, context)
+        freed_per_second = self._completions_per_second(step, decoding, mean_output) * (context / decoding)
+        return short / max(freed_per_second, 1.0)

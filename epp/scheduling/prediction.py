@@ -1,0 +1,37 @@
+"""A candidate's predicted cost, as the predicted-latency producer computes it.
+
+The producer leaves one `Prediction` per candidate in the cycle (`CycleState.predictions`); the
+latency scorer and the SLO filter rank on it, the decision trace shows its parts, and request
+control books the chosen one into the endpoint's ledger (what the pick will cost that pod, and
+what to compare the observed time to first token with).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Prediction:
+    """Seconds until this request's first token on one candidate, and why."""
+
+    ttft: float  # the whole prediction
+    cost: float  # what the pick charges the pool, in seconds of TTFT: `ttft` plus what this
+    # request's decode adds to the TTFT of the requests that will reach the pod meanwhile
+    queued_prefill: float  # prefill tokens already queued on the pod (ledger + unexplained)
+    own_prefill: int  # this request's uncached prompt tokens on the pod
+    cached_tokens: int  # the cache credit: prompt tokens predicted to hit the pod's prefix cache
+    prompt_tokens: int  # the prompt's estimated length
+    output_tokens: int  # the output expected
+    prefill_seconds: float  # of `ttft`: the queued plus own prefill, in steps
+    wait_seconds: float  # of `ttft`: waiting for a batch slot or for KV blocks to free
+    itl: float  # the inter-token latency the request would see there
+    step_feature: float = 0.0  # the service model's features (for learning at the first byte)
+    prefill_feature: float = 0.0
+    prefix_source: str = ""  # which producer gave the cache credit ("" when none)
+    work_seconds: float = 0.0  # pod time the request costs: its prefill and its share of decode steps
+
+    def compact(self) -> str:
+        """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
+        return (f"ttft={self.ttft * 1e3:.1f}ms,cost={self.cost * 1e3:.1f}ms(q={self.queued_prefill:.0f},own={self.own_prefill},"
+                f"hit={self.cached_tokens},wait={self.wait_seconds * 1e3:.1f}ms,itl={self.itl * 1e3:.1f}ms)")

@@ -1,0 +1,111 @@
+"""The per-endpoint ledger of outstanding work (`EndpointLoad`): a FIFO prefill timeline that the
+first streamed byte resynchronises, sums that always return to zero, and reads that never write."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from epp.datastore import EndpointLoad, Outstanding
+
+
+def item(prompt: int = 1000, cached: int = 0, output: int = 100, at: float = 0.0, ttft: float = 0.1,
+         streamed: bool = True) -> Outstanding:
+    return Outstanding(prompt, cached, output, at, predicted_ttft=ttft, streamed=streamed)
+
+
+def assert_empty(load: EndpointLoad) -> None:
+    assert not load.pending
+    assert (load.requests, load.decoding, load.prefill_backlog, load.context_tokens, load.footprint_tokens) == (
+        0, 0, 0, 0, 0)
+    assert load.prefill_pairs == pytest.approx(0.0, abs=1e-6)
+
+
+def test_prefill_queue_is_a_timeline_in_pick_order() -> None:
+    load = EndpointLoad()
+    a, b = item(1000, ttft=0.2), item(500, cached=300, at=0.0, ttft=0.3)
+    load.add(a, 0.0)
+    load.add(b, 0.0)
+    assert load.prefill_backlog == 1000 + 200 and a.expected_done == pytest.approx(0.2)
+    assert b.started == pytest.approx(0.2) and b.expected_done == pytest.approx(0.3)
+    assert load.backlog_at(0.1) == pytest.approx(500 + 200)  # the head is half done
+    assert load.backlog_at(0.25) == pytest.approx(100)  # a done, b half done
+    assert load.backlog_at(1.0) == 0.0
+    assert load.prefill_backlog == 1200 and len(load.pending) == 2  # reading changed nothing
+
+
+def test_a_streamed_first_byte_ends_the_prefill_of_everything_before_it() -> None:
+    load = EndpointLoad()
+    a, b, c = item(at=0.0, ttft=0.1), item(at=0.0, ttft=0.2), item(at=0.0, ttft=0.3)
+    for x in (a, b, c):
+        load.add(x, 0.0)
+    load.first_byte(b, 0.25)  # b was 50 ms late: a is done too, c moves by as much
+    assert a.prefilled and b.prefilled and not c.prefilled
+    assert load.decoding == 2 and list(load.pending) == [c]
+    assert c.expected_done == pytest.approx(0.35) and c.started >= 0.25
+    load.first_byte(a, 0.3)  # a late first byte of one already counted: nothing moves
+    assert load.decoding == 2 and a.first_token == 0.3
+
+
+def test_buffered_requests_leave_the_queue_by_prediction_and_streamed_ones_only_when_overdue() -> None:
+    load = EndpointLoad()
+    buffered, streamed = item(ttft=0.1, streamed=False), item(ttft=0.2)
+    load.add(buffered, 0.0)
+    load.add(streamed, 0.0)
+    load.settle(0.15)
+    assert buffered.prefilled and not streamed.prefilled
+    load.settle(1.0)  # overdue, but its first byte may still come
+    assert not streamed.prefilled
+    load.settle(10.0)  # long overdue: the event was lost, the queue must not wedge
+    assert streamed.prefilled and not load.pending
+
+
+def test_every_counter_returns_to_zero_whatever_the_order_of_events() -> None:
+    rng = random.Random(7)
+    load = EndpointLoad()
+    items: list[Outstanding] = []
+    now = 0.0
+    for _ in range(2000):
+        now += rng.random() * 0.01
+        action = rng.random()
+        if action < 0.4 or not items:
+            x = item(rng.randint(1, 5000), rng.randint(0, 4000), rng.randint(1, 500), now, rng.random() * 0.5,
+                     streamed=rng.random() < 0.8)
+            load.add(x, now)
+            items.append(x)
+        elif action < 0.6:
+            load.first_byte(rng.choice(items), now)
+        elif action < 0.7:
+            load.settle(now)
+        else:
+            x = items.pop(rng.randrange(len(items)))
+            load.release(x, now)
+            load.release(x, now)  # twice: counted once
+        assert load.requests == len(items) >= 0
+        assert load.decoding + len(load.pending) == load.requests
+        assert load.prefill_backlog >= 0 and load.context_tokens >= 0 and load.footprint_tokens >= 0
+    for x in items:
+        load.release(x, now + 1.0)
+    assert_empty(load)
+
+
+def test_integrals_and_pick_rate() -> None:
+    load = EndpointLoad()
+    a = item(ttft=0.1)
+    load.add(a, 0.0)
+    load.first_byte(a, 0.1)
+    load.settle(1.1)
+    assert load.decode_integral == pytest.approx(1.0)  # one decoding request for one second
+    assert load.context_integral == pytest.approx(a.mean_context)
+    assert load.rate_at(0.0) == pytest.approx(0.1)  # one pick in a 10-second window
+    assert load.rate_at(10.0) < load.rate_at(1.0)
+
+
+def test_scrape_snapshot_tells_own_requests_from_unexplained_ones() -> None:
+    load = EndpointLoad()
+    load.add(item(), 0.0)
+    load.add(item(), 0.0)
+    load.mark_scrape()
+    assert (load.requests_at_scrape, load.pending_at_scrape) == (2, 2)
+    assert load.footprint_at_scrape == load.footprint_tokens
