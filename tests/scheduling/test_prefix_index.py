@@ -54,3 +54,13 @@ def test_remove_server() -> None:
     assert index.match([1, 2]) == {"b:1": 1}
     assert index.entries == 1 and index.distinct_keys == 1 and index.servers() == ["b:1"]
     index.remove_server("nobody")
+
+
+def test_a_match_ends_at_the_first_block_an_endpoint_lacks() -> None:
+    index = PrefixIndex()
+    index.add([1, 2, 3, 4], "A", 100)
+    index.add([1, 3, 4], "B", 100)
+    assert index.match([1, 2, 3, 4]) == {"A": 4, "B": 1}
+    index.add([9], "C", 100)
+    assert index.match([9, 2]) == {"C": 1}
+    assert index.match([5, 1]) == {}
