@@ -45,6 +45,9 @@ TIER_STORAGE = 4
 TIERS = {"GPU": TIER_GPU, "CPU": TIER_CPU, "STORAGE": TIER_STORAGE}
 TIER_NAMES = {bit: name for name, bit in TIERS.items()}
 PREFIX_KINDS = frozenset({None, "full_attention", "mla_attention", "sink_full_attention"})
+# vLLM's other `KVCacheSpecKind` values: skipped, counted under their name (anything else: "other_kind").
+OTHER_KINDS = frozenset({"sliding_window", "sliding_window_mla", "mamba", "chunked_local_attention",
+                         "encoder_only_attention", "cross_attention", "unknown"})
 
 _hash = xxhash.xxh3_64_intdigest
 _SEED_TAG = b"epp-router-key\x00"
@@ -344,7 +347,8 @@ class KVBlockIndex:
         if not n:
             return
         if getattr(event, "kv_cache_spec_kind", None) not in PREFIX_KINDS:
-            self._skip(str(event.kv_cache_spec_kind)[:32], n)
+            kind = event.kv_cache_spec_kind
+            self._skip(kind if kind in OTHER_KINDS else "other_kind", n)
             return
         group = getattr(event, "group_idx", None) or 0
         if ep.group is None:
