@@ -143,10 +143,11 @@ class TokenProducer(RequestPreparer):
 
     @classmethod
     def from_config(cls, name: str, params: Params, ctx: PluginContext) -> TokenProducer:
+        has_local, has_vllm = params.has("local"), params.has("vllm")
         local_raw = params.mapping("local")
         vllm_raw = params.mapping("vllm")
         local = None
-        if local_raw:
+        if has_local:
             lp = Params(local_raw, f"{params.path}.local")
             path = lp.str("path", "")
             if not path:
@@ -158,7 +159,7 @@ class TokenProducer(RequestPreparer):
                 raise ConfigError(f"{params.path}.local.path: cannot load the tokenizer: {exc}") from None
             lp.done()
         url, path, vtimeout = "", "/tokenize", 0.5
-        if vllm_raw:
+        if has_vllm:
             vp = Params(vllm_raw, f"{params.path}.vllm")
             url = vp.str("url", "")
             if not url.startswith(("http://", "https://")):

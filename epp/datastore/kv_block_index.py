@@ -175,30 +175,34 @@ class KVBlockIndex:
         return router_keys(token_ids, self.block_size, chain_seed(lora_name, cache_salt))
 
     def match(self, keys: Sequence[int], now: float = 0.0) -> BlockMatch:
-        """Leading blocks each endpoint holds, walking the keys until one nobody holds.
+        """Leading blocks each endpoint holds: an endpoint counts from block 0 until the first block
+        it lacks (a block held after a gap is useless to the engine, as to its own prefix cache).
 
-        Runs of equal holder sets are counted once (a shared prefix costs one C-level set
-        comparison per block, whatever the pool size)."""
+        The set of endpoints still matching only shrinks, and consecutive blocks usually have the
+        same holders, so each block costs one C-level subset test, whatever the pool size."""
         if now:
             self._expire(now)
         counts: dict[str, int] = {}
         holders = self._holders
-        run_set: set[str] | None = None
-        run = 0
+        alive: set[str] = set()
+        last: set[str] | None = None
+        depth = 0
         for key in keys:
             servers = holders.get(key)
             if not servers:
                 break
-            if servers is run_set or servers == run_set:
-                run += 1
-                continue
-            if run_set is not None:
-                for server in run_set:
-                    counts[server] = counts.get(server, 0) + run
-            run_set, run = servers, 1
-        if run_set is not None:
-            for server in run_set:
-                counts[server] = counts.get(server, 0) + run
+            if last is None:
+                alive = set(servers)
+            elif servers is not last and not alive <= servers:
+                for gone in alive - servers:
+                    counts[gone] = depth
+                alive &= servers
+                if not alive:
+                    break
+            last = servers
+            depth += 1
+        for address in alive:
+            counts[address] = depth
         off_gpu: dict[str, dict[str, int]] = {}
         for address, n in counts.items():
             ep = self._endpoints.get(address)
