@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -79,9 +80,8 @@ class Server:
                 self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[list[Server], EndpointPicker, EnvoyProcess]]:
-    work = tmp_path_factory.mktemp("vllm")
+@contextlib.asynccontextmanager
+async def cluster(work: Path) -> AsyncIterator[tuple[list[Server], EndpointPicker, EnvoyProcess]]:
     model = work / "model"
     shutil.copytree(MODEL_DIR, model)
     events_port = free_port()
@@ -120,8 +120,15 @@ async def until(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped
         await asyncio.sleep(0.1)
 
 
-async def test_vllm_tokenize_agrees_with_the_local_tokenizer(cluster) -> None:  # type: ignore[no-untyped-def]
-    servers, picker, _ = cluster
+async def test_two_real_vllm_servers(tmp_path: Path) -> None:
+    """One pair of servers (a minute to start) for both checks."""
+    async with cluster(tmp_path) as running:
+        await check_tokenize_agrees_with_the_local_tokenizer(*running)
+        await check_warmed_server_draws_the_prefix_then_loses_it_when_evicted(*running)
+
+
+async def check_tokenize_agrees_with_the_local_tokenizer(servers: list[Server], picker: EndpointPicker,
+                                                         envoy: EnvoyProcess) -> None:
     token = picker.config.plugins["token-producer"]
     tok = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
     async with aiohttp.ClientSession() as session:
@@ -135,8 +142,8 @@ async def test_vllm_tokenize_agrees_with_the_local_tokenizer(cluster) -> None:  
         assert remote == local
 
 
-async def test_warmed_server_draws_the_prefix_then_loses_it_when_evicted(cluster) -> None:  # type: ignore[no-untyped-def]
-    servers, picker, envoy = cluster
+async def check_warmed_server_draws_the_prefix_then_loses_it_when_evicted(servers: list[Server], picker: EndpointPicker,
+                                                                         envoy: EnvoyProcess) -> None:
     index = picker.core.precise_producers[0].index
     warm, cold = servers[1], servers[0]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -147,9 +154,10 @@ async def test_warmed_server_draws_the_prefix_then_loses_it_when_evicted(cluster
             assert f"pick={warm.address}" in decision, decision
         match = picker.trace.latest(1)[0].result.cycle.data["precise-prefix-cache-producer"]
         assert match.matched.get(warm.address, 0) >= 8 and match.sources[warm.address] == "precise"
-        # Evict the prefix by direct traffic: 12 unrelated 900-token prompts fill the 64-block cache.
-        for k in range(12):
-            await complete(session, warm.url, " ".join(f"w{(k * 97 + j) % 2000}" for j in range(100, 1000)),
+        # Evict the prefix by direct traffic: 16 unrelated 700-token prompts (5 blocks each) overflow
+        # the 63 usable blocks (vLLM also rejects prompts over 5 characters per allowed token).
+        for k in range(16):
+            await complete(session, warm.url, " ".join(f"w{(k * 97 + j) % 2000}" for j in range(700)),
                            max_tokens=1)
         keys = index.keys_for(Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json")).encode(PREFIX).ids)
         await until(lambda: index.match(keys).matched.get(warm.address, 0) == 0)
