@@ -120,8 +120,12 @@ class ZmqEventPublisher:
                 pub.set_hwm(self.settings.hwm)
                 if self.settings.bind:
                     self.endpoint = _bind(pub, self.endpoint, self._host)
-                else:
-                    pub.connect(self.endpoint)
+                else:  # resolves and retries in the background, as in vLLM: a typo shows as silence
+                    try:
+                        pub.connect(self.endpoint)
+                    except zmq.ZMQError as exc:
+                        raise OSError(exc.errno, f"cannot connect KV-event socket {self.endpoint}: "
+                                                 f"{exc.strerror}") from None
                 if self.replay_endpoint is not None:
                     replay = ctx.socket(zmq.ROUTER)
                     replay.setsockopt(zmq.SNDHWM, max(1000, 2 * (self.settings.buffer_steps + 1)))
