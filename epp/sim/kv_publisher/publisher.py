@@ -72,6 +72,8 @@ class ZmqEventPublisher:
         if self._error is not None:
             self._thread.join(_START_TIMEOUT)
             raise self._error
+        log.info("%s: KV events on %s (%s), topic %r, replay %s", name, self.endpoint,
+                 "bind" if settings.bind else "connect", settings.topic, self.replay_endpoint or "off")
 
     @property
     def next_seq(self) -> int:
