@@ -200,6 +200,7 @@ class Engine:
             raise RuntimeError("update() the step in flight before scheduling another")
         cfg = self.config
         self.now = now
+        total_preempted = 0
         while True:
             scheduled: list[Request] = []
             budget = cfg.max_num_batched_tokens
@@ -214,6 +215,7 @@ class Engine:
                 budget, preempted = self._schedule_running(scheduled, budget, want=-1)
                 if not preempted:
                     budget = self._schedule_waiting(scheduled, budget, now)
+            total_preempted += preempted
             if scheduled or not preempted:
                 break
             # Everything runnable was preempted: vLLM runs this step with no tokens (no forward
@@ -221,6 +223,7 @@ class Engine:
             self.num_empty_steps += 1
         if not scheduled:
             return None
+        # (`num_preempted` counts the preemptions of an empty step folded into this one too.)
 
         prefill_tokens = decode_seqs = kv_tokens = longest = 0
         qk = 0.0
@@ -241,7 +244,7 @@ class Engine:
         if loads:
             duration += loads * cfg.lora_load_ms * 1e-3
         out = SchedulerOutput(now, duration, scheduled, prefill_tokens, decode_seqs, kv_tokens, qk,
-                              preempted, loads,
+                              total_preempted, loads,
                               prefill_tokens + decode_seqs > st.max_tokens_per_step
                               or longest > st.max_context)
         self._in_flight = out
