@@ -40,3 +40,8 @@ class TokenizedPrompt:
     cache_salt: str = ""
     source: str = "local"  # "local" | "vllm" (which backend produced the ids)
     cached_chars: int = 0  # how much of the text came from the tokenization cache
+    # The tokenization cache's ids for this prompt and for the cached prompt it extended, whose
+    # first `shared_tokens` ids it repeats: lets a reader reuse work it did for that prompt.
+    serial: int = 0
+    prefix_serial: int = 0
+    shared_tokens: int = 0

@@ -39,6 +39,18 @@ Encoder = Callable[[str], tuple[list[int], list[tuple[int, int]]]]
 
 
 @dataclass(slots=True)
+class Tokenized:
+    """One prompt's ids, and which cached prompt it extended (for callers that cache per-prompt
+    work of their own, e.g. router keys: the first `shared_tokens` ids equal that prompt's)."""
+
+    ids: array  # uint32
+    reused_chars: int  # characters not tokenized again
+    serial: int  # this prompt's cache entry (0: not stored)
+    prefix_serial: int = 0  # the cached prompt it extended (0: none)
+    shared_tokens: int = 0  # leading ids identical to that prompt's
+
+
+@dataclass(slots=True)
 class _Entry:
     data: bytes  # the text, encoded at fixed width (ASCII: 1 byte per char, else UTF-32)
     width: int
@@ -46,6 +58,7 @@ class _Entry:
     starts: array  # uint32 character offset of each token's start
     ends: array
     boundaries: list[int]  # the block hashes registered for it
+    serial: int = 0
 
 
 @dataclass(slots=True)
@@ -74,7 +87,7 @@ def _block_hashes(data: bytes, step: int, seed: int) -> list[int]:
 
 
 class PrefixTokenCache:
-    def __init__(self, encode: Encoder, *, block_chars: int = 512, margin: int = 256, lead: int = 256,
+    def __init__(self, encode: Encoder, *, block_chars: int = 1024, margin: int = 128, lead: int = 128,
                  converge_tokens: int = 8, max_tokens: int = 4_000_000) -> None:
         self.encode = encode
         self.block_chars = block_chars
@@ -83,18 +96,27 @@ class PrefixTokenCache:
         self.converge_tokens = converge_tokens
         self.max_tokens = max_tokens
         self.stats = CacheStats()
-        self._by_block: dict[tuple[int, int], tuple[_Entry, int]] = {}  # (width, hash) -> (entry, block no.)
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # id -> entry, least recently used first
+        # chained block hash -> the newest entry whose text has that prefix, one table per width
+        # (a chained hash names its position too; the memcmp below guards against collisions)
+        self._by_block: dict[int, dict[int, _Entry]] = {1: {}, 4: {}}
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # serial -> entry, least recently used first
         self._tokens = 0
+        self._serial = 0
 
     def tokenize(self, text: str) -> tuple[array, int]:
         """Token ids of `text` (no special tokens) and how many characters came from the cache."""
+        result = self.lookup(text)
+        return result.ids, result.reused_chars
+
+    def lookup(self, text: str) -> Tokenized:
+        """`tokenize`, also saying which cached prompt this one extended."""
         self.stats.lookups += 1
         data, width = _fixed_width(text)
         step = self.block_chars * width
         hashes = _block_hashes(data, step, width)
         found = self._longest(hashes, width, data)
         result = self._splice(text, found) if found is not None else None
+        prefix_serial = shared = 0
         if result is None:
             ids, offsets = self.encode(text)
             self.stats.tokenized_chars += len(text)
@@ -103,33 +125,39 @@ class PrefixTokenCache:
             ends = array("I", [e for _, e in offsets])
             reused = 0
         else:
-            ids_a, starts, ends, reused = result
+            ids_a, starts, ends, reused, shared = result
+            assert found is not None
+            prefix_serial = found[0].serial
             self.stats.hits += 1
             self.stats.cached_chars += reused
-        self._store(_Entry(data, width, ids_a, starts, ends, []), hashes)
-        return ids_a, reused
+        self._serial += 1
+        entry = _Entry(data, width, ids_a, starts, ends, [], self._serial)
+        stored = self._store(entry, hashes)
+        return Tokenized(ids_a, reused, entry.serial if stored else 0, prefix_serial, shared)
 
     # -- lookup --
 
     def _longest(self, hashes: list[int], width: int, data: bytes) -> tuple[_Entry, int] | None:
         """The cached entry sharing the most leading blocks with `data`, and the shared length in chars."""
-        best: tuple[_Entry, int] | None = None
-        by_block = self._by_block
-        for i, h in enumerate(hashes):
-            hit = by_block.get((width, h))
-            if hit is None or hit[1] != i:
+        entry: _Entry | None = None
+        blocks = 0
+        by_block = self._by_block[width]
+        for h in hashes:
+            hit = by_block.get(h)
+            if hit is None:
                 break
-            best = hit
-        if best is None:
+            entry = hit
+            blocks += 1
+        if entry is None:
             return None
-        entry, block = best
-        n = (block + 1) * self.block_chars * width
-        if memoryview(entry.data)[:n] != memoryview(data)[:n]:  # a hash collision: never trust it
+        block = blocks - 1
+        n = blocks * self.block_chars * width
+        if entry.data[:n] != data[:n]:  # a hash collision: never trust it (a copy and a memcmp)
             return None
-        self._entries.move_to_end(id(entry))
+        self._entries.move_to_end(entry.serial)
         return entry, (block + 1) * self.block_chars
 
-    def _splice(self, text: str, found: tuple[_Entry, int]) -> tuple[array, array, array, int] | None:
+    def _splice(self, text: str, found: tuple[_Entry, int]) -> tuple[array, array, array, int, int] | None:
         entry, shared = found
         limit = shared - self.margin
         # The cut: the start of the last cached token that ends at or before `limit`.
@@ -161,28 +189,27 @@ class PrefixTokenCache:
         out_starts.extend(starts[j:])
         out_ends = entry.ends[:cut_index]
         out_ends.extend(ends[j:])
-        return out_ids, out_starts, out_ends, lead_start
+        return out_ids, out_starts, out_ends, lead_start, cut_index
 
     # -- storage --
 
-    def _store(self, entry: _Entry, hashes: list[int]) -> None:
+    def _store(self, entry: _Entry, hashes: list[int]) -> bool:
         if len(entry.ids) > self.max_tokens:
-            return
-        key = id(entry)
-        self._entries[key] = entry
+            return False
+        self._entries[entry.serial] = entry
         self._tokens += len(entry.ids)
-        width = entry.width
-        by_block = self._by_block
-        for i, h in enumerate(hashes):
-            by_block[(width, h)] = (entry, i)  # the newest prompt with this prefix answers for it
+        by_block = self._by_block[entry.width]
+        for h in hashes:
+            by_block[h] = entry  # the newest prompt with this prefix answers for it
         entry.boundaries = hashes
         while self._tokens > self.max_tokens and len(self._entries) > 1:
             _, old = self._entries.popitem(last=False)
             self._tokens -= len(old.ids)
-            for i, h in enumerate(old.boundaries):
-                hit = by_block.get((old.width, h))
-                if hit is not None and hit[0] is old:
-                    del by_block[(old.width, h)]
+            table = self._by_block[old.width]
+            for h in old.boundaries:
+                if table.get(h) is old:
+                    del table[h]
+        return True
 
     @property
     def tokens(self) -> int:

@@ -52,7 +52,7 @@ from tokenizers import Tokenizer
 from epp.api.chat_template import ChatTemplate, ChatTemplateError
 from epp.api.preparer import TOKENIZED_PROMPT, RequestPreparer, TokenizedPrompt
 from epp.api.request import Api, InferenceRequest
-from epp.api.token_cache import PrefixTokenCache
+from epp.api.token_cache import PrefixTokenCache, Tokenized
 from epp.params import ConfigError, Params
 
 if TYPE_CHECKING:
@@ -94,14 +94,17 @@ class LocalTokenizer:
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         return encoding.ids, encoding.offsets
 
-    def _tokenize(self, text: str, special: bool) -> tuple[array, int]:
+    def _tokenize(self, text: str, special: bool) -> Tokenized:
         with self._lock:
-            ids, reused = self.cache.tokenize(text)
+            result = self.cache.lookup(text)
         if special and (self.special_prefix or self.special_suffix):
-            ids = array("I", self.special_prefix) + ids + array("I", self.special_suffix)
-        return ids, reused
+            result.ids = array("I", self.special_prefix) + result.ids + array("I", self.special_suffix)
+            result.shared_tokens += len(self.special_prefix)
+            result.serial = -result.serial  # with and without special tokens are different prompts
+            result.prefix_serial = -result.prefix_serial
+        return result
 
-    async def tokenize(self, text: str, special: bool) -> tuple[array, int]:
+    async def tokenize(self, text: str, special: bool) -> Tokenized:
         if self.offload_chars and len(text) > self.offload_chars:
             return await asyncio.to_thread(self._tokenize, text, special)
         return self._tokenize(text, special)
@@ -186,28 +189,30 @@ class TokenProducer(RequestPreparer):
             self.stats.skipped += 1
             return
         lora = request.target_model if self.model_name and request.target_model != self.model_name else ""
-        ids: array | None = None
-        reused = 0
+        result: Tokenized | None = None
         source = "local"
         if self.vllm_url:
-            ids = await self._remote(kind, payload, request)
-            source = "vllm"
-        if ids is None and self.local is not None:
+            remote = await self._remote(kind, payload, request)
+            if remote is not None:
+                result, source = Tokenized(remote, 0, 0), "vllm"
+        if result is None and self.local is not None:
             try:
-                ids, reused = await self._local(kind, payload, body)
+                result = await self._local(kind, payload, body)
                 source = "local"
             except ChatTemplateError as exc:
                 self.stats.failures += 1
                 log.debug("not tokenized", extra={"request_id": request.request_id, "error": str(exc)})
                 return
-        if ids is None:
+        if result is None:
             return
         if source == "local":
             self.stats.local += 1
         else:
             self.stats.vllm += 1
-        request.state[TOKENIZED_PROMPT] = TokenizedPrompt(ids, lora_name=lora, cache_salt=request.cache_salt,
-                                                          source=source, cached_chars=reused)
+        request.state[TOKENIZED_PROMPT] = TokenizedPrompt(
+            result.ids, lora_name=lora, cache_salt=request.cache_salt, source=source,
+            cached_chars=result.reused_chars, serial=result.serial, prefix_serial=result.prefix_serial,
+            shared_tokens=result.shared_tokens)
 
     def _what(self, api: Api, body: dict[str, Any]) -> tuple[str | None, Any]:
         """("text", str) | ("ids", list[int]) | ("chat", messages) | (None, None)."""
@@ -227,10 +232,10 @@ class TokenProducer(RequestPreparer):
                 return "chat", messages
         return None, None
 
-    async def _local(self, kind: str, payload: Any, body: dict[str, Any]) -> tuple[array, int]:
+    async def _local(self, kind: str, payload: Any, body: dict[str, Any]) -> Tokenized:
         assert self.local is not None
         if kind == "ids":
-            return array("I", payload), 0
+            return Tokenized(array("I", payload), 0, 0)
         if kind == "chat":
             text = self.local.render(payload, body)
             if len(text) > self.max_prompt_chars:

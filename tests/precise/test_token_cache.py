@@ -61,15 +61,19 @@ def whole(tok: Tokenizer, t: str) -> list[int]:
 @pytest.mark.parametrize("name", list(TOKENIZERS))
 def test_growing_chat_is_exact_and_served_from_the_cache(name: str) -> None:
     tok = TOKENIZERS[name]
-    cache = cache_for(tok)
+    cache = cache_for(tok, block_chars=256)
     rng = random.Random(1)
     prompt = text(rng, 300)
     for turn in range(12):
         prompt += text(rng, rng.randrange(1, 80))
-        ids, reused = cache.tokenize(prompt)
+        result = cache.lookup(prompt)
+        ids, reused = result.ids, result.reused_chars
         assert list(ids) == whole(tok, prompt), f"turn {turn}"
         if turn:
             assert reused > len(prompt) // 2  # most of the prompt came from the cache
+            assert result.prefix_serial == result.serial - 1  # it extended the previous turn
+            assert list(ids[:result.shared_tokens]) == previous[:result.shared_tokens]
+        previous = list(ids)
     assert cache.stats.hits >= 10
 
 
@@ -113,9 +117,10 @@ def test_memory_is_bounded_and_collisions_are_checked() -> None:
     a = " ".join(f"w{i}" for i in range(2000))
     b = " ".join(f"w{i + 1}" for i in range(2000))
     cache.tokenize(a)
-    entry, block = next(iter(cache._by_block.values()))
-    for key in list(cache._by_block):
-        cache._by_block[key] = (entry, cache._by_block[key][1])
+    table = cache._by_block[1]
+    entry = next(iter(table.values()))
+    for key in list(table):
+        table[key] = entry
     assert list(cache.tokenize(b)[0]) == whole(tok, b)
 
 

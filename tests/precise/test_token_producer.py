@@ -156,3 +156,19 @@ async def test_vllm_backend_that_hangs_times_out_and_the_request_still_goes() ->
 def test_bad_token_producer_config(params: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         core_for(config(params))
+
+
+async def test_router_keys_reused_from_the_extended_prompt_equal_fresh_ones() -> None:
+    from epp.datastore.kv_block_index import chain_seed, router_keys
+
+    core = core_for(config(LOCAL))
+    producer = core.precise_producers[0]
+    prompt = " ".join(f"w{i % 2000}" for i in range(3000))
+    for turn in range(4):
+        prompt += " " + " ".join(f"w{(turn * 31 + j) % 2000}" for j in range(150))
+        request, _ = await run(core, {"model": "tiny", "prompt": prompt, "cache_salt": "s" if turn == 3 else ""})
+        tokens = request.state[TOKENIZED_PROMPT]
+        if turn in (1, 2):
+            assert tokens.prefix_serial and tokens.shared_tokens > 2500
+        fresh = router_keys(tokens.ids, producer.index.block_size, chain_seed("", tokens.cache_salt))
+        assert request.state["precise-prefix-keys"] == fresh

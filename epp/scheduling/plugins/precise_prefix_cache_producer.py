@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from epp.api.preparer import TOKENIZED_PROMPT, TokenizedPrompt
 from epp.api.request import InferenceRequest
 from epp.datastore import Datastore, Endpoint
-from epp.datastore.kv_block_index import TIERS, KVBlockIndex
+from epp.datastore.kv_block_index import TIERS, KVBlockIndex, chain_keys, chain_seed, router_keys, token_bytes
 from epp.datastore.kv_events_config import KVEventsConfig
 from epp.params import ConfigError, Params
 from epp.scheduling.framework import CycleState, DataProducer, PreRequest, SchedulingResult
@@ -63,6 +63,7 @@ log = logging.getLogger("epp.scheduling.precise")
 
 DEFAULT_TIER_WEIGHTS = {"GPU": 1.0, "CPU": 0.8, "STORAGE": 0.5}
 _KEYS_STATE = "precise-prefix-keys"  # request.state: router keys computed once per request
+RECENT_KEYS = 256  # prompts whose router keys are kept for the prompts that extend them
 
 
 @dataclass(slots=True, frozen=True)
@@ -135,6 +136,7 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         self.weights = dict(c.tier_weights)
         self.clock = clock or (lambda: 0.0)
         self.approximate = ApproxPrefixCacheProducer(f"{self.name}/approximate") if c.approximate_fallback else None
+        self._recent_keys: dict[tuple[int, int], list[int]] = {}  # (tokenization serial, seed) -> keys
         # Set by the runner: each lookup's (best, mean, std-dev) hit ratio, for llm-d's histograms.
         self.observer: Callable[[PrefixMatch], None] | None = None
 
@@ -162,15 +164,36 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
         tokens = request.state.get(TOKENIZED_PROMPT)
         if not isinstance(tokens, TokenizedPrompt):
             return None
-        keys = self.index.keys_for(tokens.ids, tokens.lora_name, tokens.cache_salt)
+        keys = self._keys_of(tokens)
         request.state[_KEYS_STATE] = keys
         return keys
 
+    def _keys_of(self, tokens: TokenizedPrompt) -> list[int]:
+        """Router keys, reusing those of the cached prompt this one extends (a growing chat, a
+        customer's shared context): only the blocks after the shared ids are hashed."""
+        seed = chain_seed(tokens.lora_name, tokens.cache_salt)
+        block = self.index.block_size
+        cache = self._recent_keys
+        prior = cache.get((tokens.prefix_serial, seed)) if tokens.prefix_serial else None
+        if prior is not None:
+            k = min(len(prior), tokens.shared_tokens // block)
+            keys = prior[:k]
+            keys += chain_keys(keys[-1] if k else seed, token_bytes(tokens.ids[k * block:]), block)[0]
+        else:
+            keys = router_keys(tokens.ids, block, seed)
+        if tokens.serial:
+            cache[(tokens.serial, seed)] = keys
+            while len(cache) > RECENT_KEYS:
+                cache.pop(next(iter(cache)))
+        return keys
+
     def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
-        approx = self.approximate.lookup(request, endpoints) if self.approximate is not None else None
-        if approx is not None:
-            cycle.data[self.approximate.name] = approx  # its pre_request records the pick
         keys = self.keys(request)
+        approx = None
+        if self.approximate is not None and (keys is None or not all(self.index.has_events(ep.address)
+                                                                      for ep in endpoints)):
+            approx = self.approximate.lookup(request, endpoints)  # only when something falls back
+            cycle.data[self.approximate.name] = approx
         if keys is None:
             match = self._approximate_only(approx, "no token ids for this request (no token-producer result)")
         else:
@@ -217,13 +240,12 @@ class PrecisePrefixCacheProducer(DataProducer, PreRequest):
                            sources={a: SOURCE_APPROXIMATE for a in approx.matched}, note=why)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        if self.approximate is not None:
-            self.approximate.pre_request(request, result)
-        if not self.config.speculative:
-            return
         primary = result.profiles.get(result.primary_profile)
         if primary is None or not primary.targets:
             return
+        target = primary.targets[0].address
         keys = self.keys(request)
-        if keys:
-            self.index.speculate(primary.targets[0].address, keys, self.clock())
+        if self.approximate is not None and (keys is None or not self.index.has_events(target)):
+            self.approximate.pre_request(request, result)  # the fallback learns where prompts went
+        if self.config.speculative and keys:
+            self.index.speculate(target, keys, self.clock())
