@@ -38,7 +38,8 @@ from epp.datastore.kv_events_config import KVEventsConfig
 log = logging.getLogger("epp.datalayer.kvevents")
 
 MAX_MESSAGE_BYTES = 64 << 20  # a pod controls the payload: bounded before it reaches memory
-MAX_REMEMBERED_TOPICS = 32  # distinct unknown topics warned about individually
+MAX_REMEMBERED_TOPICS = 32
+MAX_DP_RANKS = 1024  # distinct unknown topics warned about individually
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 RECONNECT_MIN, RECONNECT_MAX = 0.1, 5.0
 
@@ -229,9 +230,13 @@ class KVEventSubscriber:
         except DecodeError:
             self.stats.decode_errors += 1
             return
+        rank = batch.data_parallel_rank or 0
+        if not 0 <= rank < MAX_DP_RANKS:  # a pod controls it: bounded before it keys our state
+            self.stats.decode_errors += 1
+            return
         self.stats.messages += 1
         self.stats.skipped_events += skipped
-        stream = self._streams.setdefault((address, batch.data_parallel_rank or 0), StreamState())
+        stream = self._streams.setdefault((address, rank), StreamState())
         verdict = stream.verdict(seq)
         if verdict == "gap":
             self.stats.gaps += 1

@@ -95,8 +95,18 @@ class LocalTokenizer:
         return encoding.ids, encoding.offsets
 
     def _tokenize(self, text: str, special: bool) -> Tokenized:
-        with self._lock:
-            result = self.cache.lookup(text)
+        if self._lock.acquire(blocking=False):
+            try:
+                result = self.cache.lookup(text)
+            finally:
+                self._lock.release()
+        elif threading.current_thread() is threading.main_thread():
+            # A worker thread holds the cache (a long prompt): never block the event loop on it.
+            ids, _ = self._encode(text)
+            result = Tokenized(array("I", ids), 0, 0)
+        else:
+            with self._lock:
+                result = self.cache.lookup(text)
         if special and (self.special_prefix or self.special_suffix):
             result.ids = array("I", self.special_prefix) + result.ids + array("I", self.special_suffix)
             result.shared_tokens += len(self.special_prefix)
@@ -215,16 +225,18 @@ class TokenProducer(RequestPreparer):
             shared_tokens=result.shared_tokens)
 
     def _what(self, api: Api, body: dict[str, Any]) -> tuple[str | None, Any]:
-        """("text", str) | ("ids", list[int]) | ("chat", messages) | (None, None)."""
+        """("text", str) | ("ids", array) | ("chat", messages) | (None, None)."""
         if api is Api.COMPLETIONS:
             prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1:
-                prompt = prompt[0]
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]  # a batch of one prompt
             if isinstance(prompt, str) and len(prompt) <= self.max_prompt_chars:
                 return "text", prompt
-            if (isinstance(prompt, list) and prompt and len(prompt) <= self.max_prompt_chars
-                    and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt)):
-                return "ids", prompt
+            if isinstance(prompt, list) and prompt and len(prompt) <= self.max_prompt_chars:
+                try:  # token ids: validated in C (uint32), no per-token Python loop
+                    return "ids", array("I", prompt)
+                except (TypeError, OverflowError):
+                    return None, None
             return None, None
         if api is Api.CHAT_COMPLETIONS:
             messages = body.get("messages")
@@ -235,7 +247,7 @@ class TokenProducer(RequestPreparer):
     async def _local(self, kind: str, payload: Any, body: dict[str, Any]) -> Tokenized:
         assert self.local is not None
         if kind == "ids":
-            return Tokenized(array("I", payload), 0, 0)
+            return Tokenized(payload, 0, 0)
         if kind == "chat":
             text = self.local.render(payload, body)
             if len(text) > self.max_prompt_chars:
@@ -245,7 +257,7 @@ class TokenProducer(RequestPreparer):
 
     async def _remote(self, kind: str, payload: Any, request: InferenceRequest) -> array | None:
         if kind == "ids":
-            return array("I", payload)
+            return payload
         render = self.vllm_path != "/tokenize"
         if kind == "chat":
             path = "/v1/chat/completions/render" if render else "/tokenize"

@@ -172,3 +172,24 @@ async def test_router_keys_reused_from_the_extended_prompt_equal_fresh_ones() ->
             assert tokens.prefix_serial and tokens.shared_tokens > 2500
         fresh = router_keys(tokens.ids, producer.index.block_size, chain_seed("", tokens.cache_salt))
         assert request.state["precise-prefix-keys"] == fresh
+
+
+async def test_token_id_prompts_are_validated_in_c() -> None:
+    core = core_for(config(LOCAL))
+    for prompt, expect in (([5], [5]), ([[7, 8]], [7, 8]), ([1, -1], None), ([1, 2**33], None), ([1, "x"], None)):
+        request, _ = await run(core, {"model": "tiny", "prompt": prompt})
+        tokens = request.state.get(TOKENIZED_PROMPT)
+        assert (list(tokens.ids) if tokens else None) == expect, prompt
+
+
+async def test_a_busy_cache_never_blocks_the_event_loop() -> None:
+    """While a worker thread tokenizes a long prompt, the loop tokenizes without the cache."""
+    from epp.datalayer.token_producer import LocalTokenizer
+
+    local = LocalTokenizer(MODEL_DIR, offload_chars=1000)
+    with local._lock:  # as if the worker held it
+        result = await local.tokenize("w1 w2 w3", special=True)
+    assert list(result.ids) == [14, 1125, 1236]
+    long_text = " ".join(f"w{i % 2000}" for i in range(3000))
+    result = await local.tokenize(long_text, special=True)  # on a thread
+    assert len(result.ids) == 3000
