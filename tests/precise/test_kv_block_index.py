@@ -306,3 +306,20 @@ def test_router_keys_are_a_chain() -> None:
     assert len(keys) == 6
     assert router_keys(ids[:64], 16, chain_seed()) == keys[:4]
     assert router_keys(ids, 16, chain_seed("lora")) != keys
+
+
+def test_the_simulators_event_structs_and_raw_payloads_feed_the_index() -> None:
+    """How the virtual-time cluster feeds the EPP in-process: its `EventBatch`es as they are, or
+    the raw msgpack payload through the subscriber's decoder."""
+    from epp.sim.kv_events import BlockStored as SimStored
+    from epp.sim.kv_events import EventBatch as SimBatch
+    from epp.sim.kv_events import encode_batch
+
+    ids = seq(64)
+    stored = SimStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=ids, block_size=32, lora_id=None,
+                       medium="GPU", lora_name=None, extra_keys=[None, None], group_idx=0,
+                       kv_cache_spec_kind="full_attention")
+    index = KVBlockIndex(block_size=16)
+    index.apply(A, SimBatch(ts=1.0, events=[stored]).events, now=1.0)
+    index.apply(B, decode_payload(encode_batch(SimBatch(ts=1.0, events=[stored])))[0].events, now=1.0)
+    assert index.match(index.keys_for(ids)).matched == {A: 4, B: 4}
