@@ -12,7 +12,8 @@ summed over the pool's KV capacity: at 0.7 they all fit, at 1.5 the pods must ev
 Arms, each on freshly started pods, same requests:
 - `approximate`: the EPP's default profile (the approximate index of where it sent prompts);
 - `precise`: the same profile with `prefix-cache-scorer` reading `precise-prefix-cache-producer`;
-- `round-robin`: Envoy alone.
+- `round-robin`: Envoy alone;
+- `precise-nospec` (optional, `--arms`): precise without speculative entries.
 
 The simulator's HTTP pods key text by 4 characters per token and publish *synthetic* token ids
 for it (`epp.sim.block_hash.synthetic_token_ids` of each block's text hash), not a real
@@ -91,9 +92,10 @@ class SimTokenIds(RequestPreparer):
         prompt = request.body.get("prompt") if request.body and request.api is Api.COMPLETIONS else None
         if not isinstance(prompt, str):
             return
-        ids = array("I")
+        ids = array("i")
         for h in text_block_hashes(prompt, BLOCK, self.seed):
             ids.extend(synthetic_token_ids(h, 0, BLOCK))
+        ids = array("I", ids.tobytes())  # the same (positive) ids as uint32
         request.state[TOKENIZED_PROMPT] = TokenizedPrompt(ids)
 
 
@@ -179,12 +181,14 @@ async def run_arm(arm: str, shape: Shape, requests: list[Planned]) -> dict[str, 
                                              with_ext_proc=False, upstreams=tuple(addresses)))
         else:
             text = APPROX if arm == "approximate" else PRECISE.replace("PORT", str(events_port))
+            if arm == "precise-nospec":
+                text = text.replace("speculativeIndexing: true", "speculativeIndexing: false")
             picker = EndpointPicker(Options(grpc_port=0, grpc_health_port=0, metrics_port=0, admin_port=-1,
                                             bind_address="127.0.0.1", secure_serving=False, config_text=text,
                                             pool_name="bench"),
                                     discovery=StaticDiscovery(parse_endpoint_list(",".join(addresses))))
             await picker.start()
-            if arm == "precise":
+            if arm.startswith("precise"):
                 picker.director.preparers = [SimTokenIds()]
                 predictions = Predictions("precise-prefix-cache-producer")
                 picker.director.pre_request.append(predictions)
