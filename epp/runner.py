@@ -18,7 +18,9 @@ from aiohttp import web
 from epp.config.loader import LoadedConfig
 from epp.config.options import Options
 from epp.core import build_core
+from epp.datalayer.kv_subscriber import KVEventSubscriber
 from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.token_producer import TokenProducer
 from epp.datastore import Datastore
 from epp.discovery.base import Discovery
 from epp.discovery.static import StaticDiscovery, parse_endpoint_list
@@ -81,6 +83,8 @@ class EndpointPicker:
                           metrics=self.metrics, trace=self.trace,
                           subset_filter=not options.disable_endpoint_subset_filter)
         self.config: LoadedConfig = core.config
+        self.core = core
+        self.kv_subscribers: list[KVEventSubscriber] = []
         self.admission = core.admission
         self.director = core.director
         self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes,
@@ -142,6 +146,7 @@ class EndpointPicker:
             await self.scraper.start()
             self.metrics.set_scrape_stats_source(self.scraper.all_stats)
         await self.admission.start()
+        await self._start_kv_events()
 
         health = HealthServicer(self.ready)
         self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -180,6 +185,18 @@ class EndpointPicker:
                                                    "secure": o.secure_serving,
                                                    "endpoints": len(self.datastore.endpoints())})
 
+    async def _start_kv_events(self) -> None:
+        """One KV-event subscriber per precise prefix producer, writing into its index."""
+        metrics = self.core.precise_metrics
+        for producer in self.core.precise_producers:
+            subscriber = KVEventSubscriber(producer.index, self.datastore, producer.config.events)
+            await subscriber.start()
+            self.kv_subscribers.append(subscriber)
+            if metrics is not None:
+                metrics.subscribers.append(subscriber)
+        if metrics is not None:
+            metrics.token_producers.extend(p for p in self.config.plugins.values() if isinstance(p, TokenProducer))
+
     async def stop(self, grace: float = 1.0) -> None:
         if self.leader:  # first: a standby can take over while this replica drains
             await self.leader.stop()
@@ -194,6 +211,11 @@ class EndpointPicker:
             await self._metrics_runner.cleanup()
         if self.scraper:
             await self.scraper.stop()
+        for subscriber in self.kv_subscribers:
+            await subscriber.stop()
+        for plugin in self.config.plugins.values():
+            if isinstance(plugin, TokenProducer):
+                await plugin.close()
         await self.discovery.stop()
 
 

@@ -13,10 +13,14 @@ from epp.flowcontrol.concurrency_detector import ConcurrencyDetector
 from epp.flowcontrol.plugins import PLUGIN_CLASSES as FLOW_CONTROL_CLASSES
 from epp.flowcontrol.utilization_detector import UtilizationDetector
 from epp.datalayer import PLUGIN_CLASSES as DATALAYER_CLASSES
+from epp.datalayer.token_producer import TokenProducer
 from epp.plugin import Plugin
 from epp.scheduling.plugins import PLUGIN_CLASSES as SCHEDULING_CLASSES
+from epp.scheduling.plugins.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 
 DETECTOR_CLASSES: tuple[type[Plugin], ...] = (UtilizationDetector, ConcurrencyDetector)
+# The precise prefix path: the request preparer (tokens, before admission) and the KV-event producer.
+PRECISE_PREFIX_CLASSES: tuple[type[Plugin], ...] = (TokenProducer, PrecisePrefixCacheProducer)
 
 METRICS_DATA_SOURCE = "metrics-data-source"
 CORE_METRICS_EXTRACTOR = "core-metrics-extractor"
@@ -28,7 +32,7 @@ def all_plugin_types() -> dict[str, type[Plugin]]:
     """Config `type` -> plugin class, for every layer."""
     table: dict[str, type[Plugin]] = {}
     for cls in (*SCHEDULING_CLASSES, *DETECTOR_CLASSES, *FLOW_CONTROL_CLASSES, *DATALAYER_CLASSES,
-                *PARSER_CLASSES):
+                *PARSER_CLASSES, *PRECISE_PREFIX_CLASSES):
         if cls.type in table and table[cls.type] is not cls:
             raise RuntimeError(f"plugin type {cls.type!r} is defined twice: {table[cls.type]} and {cls}")
         table[cls.type] = cls

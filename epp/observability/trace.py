@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from epp.api.headers import DEBUG_DECISION
 from epp.api.request import InferenceRequest
 from epp.scheduling.framework import SchedulingResult
+from epp.scheduling.prefix_match import SOURCE_APPROXIMATE, PrefixMatch
 
 log = logging.getLogger("epp.decision")
 
@@ -53,8 +54,22 @@ class DecisionRecord:
             rows.append((endpoint.address, profile.total[i] if i < len(profile.total) else 0.0, scores))
         return rows
 
+    def prefix(self) -> list[dict[str, object]]:
+        """What each prefix producer matched, and for which endpoints it fell back to the
+        approximate index (endpoints without KV events, requests without token ids)."""
+        if self.result is None:
+            return []
+        rows: list[dict[str, object]] = []
+        for name, value in self.result.cycle.data.items():
+            if isinstance(value, PrefixMatch) and (value.sources or value.note) and "/" not in name:
+                rows.append({"producer": name, "blocks": value.total, "block_tokens": value.block_size_tokens,
+                             "matched": dict(value.matched), "sources": dict(value.sources),
+                             "tiers": dict(value.tiers), "note": value.note})
+        return rows
+
     def as_dict(self) -> dict[str, object]:
         return {
+            "prefix": self.prefix(),
             "request_id": self.request_id,
             "model": self.model,
             "target_model": self.target_model,
@@ -80,6 +95,11 @@ class DecisionRecord:
         for address, total, scores in rows:
             detail = ",".join(f"{name}={value:.2f}" for name, value in scores.items())
             parts.append(f"{address}={total:.2f}({detail})")
+        for row in self.prefix():
+            sources = row["sources"]
+            assert isinstance(sources, dict)
+            approx = sum(1 for v in sources.values() if v == SOURCE_APPROXIMATE)
+            parts.append(f"prefix={row['producer']}:precise={len(sources) - approx},approximate={approx}")
         return ";".join(parts)
 
 

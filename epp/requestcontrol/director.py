@@ -7,6 +7,7 @@ released exactly once whatever way it ends (response done, error, client gone, s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from epp.api.preparer import RequestPreparer
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
 from epp.datastore import Datastore, Endpoint, Outstanding, split_host_port
@@ -68,8 +70,10 @@ class Director:
         subset_filter: bool = True,
         rng: random.Random | None = None,
         trace: DecisionTrace | None = None,
+        preparers: list[RequestPreparer] | None = None,
     ) -> None:
         self.datastore = datastore
+        self.preparers = preparers or []  # async steps before admission (e.g. token-producer)
         self.scheduler = scheduler
         self.admission = admission
         self.pre_request = pre_request or []
@@ -111,6 +115,8 @@ class Director:
             request.priority = self.datastore.objective_priority(request.objective)
         if self.metrics:
             self.metrics.request_received(request)
+        if self.preparers:
+            await self._prepare(request)
         # The pick is accounted inside `schedule`, when it happens: flow control may dispatch
         # several requests in one cycle and each must see the ones before it. If this coroutine
         # ends without returning the record (cancelled just after its dispatch, a plugin raised),
@@ -159,6 +165,18 @@ class Director:
             record.decision = self.trace.record(request, "picked", result=result, scheduling_seconds=timing[1],
                                                 queued_seconds=(timing[0] or arrived) - arrived)
         return Decision(targets=result.targets, body=body, result=result), record
+
+    async def _prepare(self, request: InferenceRequest) -> None:
+        """Run the request preparers (I/O and heavy CPU the scheduling plugins must not do), each
+        bounded by its timeout. A failure only loses its result: its readers fall back."""
+        for preparer in self.preparers:
+            try:
+                await asyncio.wait_for(preparer.prepare_request(request), preparer.timeout)
+            except asyncio.TimeoutError:
+                log.warning("request preparer timed out", extra={"plugin": preparer.name,
+                                                                  "request_id": request.request_id})
+            except Exception:
+                log.exception("request preparer %s failed", preparer.name)
 
     def handle_headers_only(self, request: InferenceRequest) -> tuple[Decision, RequestRecord]:
         """A request without a body: a uniformly random candidate, as the reference does."""

@@ -4,11 +4,19 @@ Two producers write it — `approx-prefix-cache-producer` (from where the EPP se
 `precise-prefix-cache-producer` (from the engines' own KV events) — and every consumer reads
 only this type: `prefix-cache-scorer` (matched / total blocks) and the predicted-latency
 scorer's cache credit (matched tokens are prefill a pod need not compute).
+
+The precise producer also says, per endpoint, where the number came from (`sources`: "precise"
+from events, "approximate" for endpoints that publish none) and, for blocks held off the GPU
+(CPU offload), their tier-weighted credit (`weighted`); a producer that leaves them empty means
+"all precise-or-approximate alike, all on the fastest tier", so older consumers read it unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+SOURCE_PRECISE = "precise"
+SOURCE_APPROXIMATE = "approximate"
 
 
 @dataclass(slots=True)
@@ -17,15 +25,26 @@ class PrefixMatch:
 
     total: int  # the prompt's blocks (as the producer cuts them)
     block_size_tokens: int
-    matched: dict[str, int]  # endpoint address -> leading blocks it holds
+    matched: dict[str, int]  # endpoint address -> leading blocks it holds (any tier)
     hashes: list[int] = field(default_factory=list)  # the producer's own block keys, if it keeps them
     # Prompt tokens per block when blocks are not cut in tokens (the approximate producer cuts
     # characters); 0: `block_size_tokens`.
     tokens_per_block: float = 0.0
+    # -- optional, written by the precise producer --
+    weighted: dict[str, float] = field(default_factory=dict)  # address -> tier-weighted blocks (when < matched)
+    tiers: dict[str, dict[str, int]] = field(default_factory=dict)  # address -> {tier: blocks} held off the GPU
+    sources: dict[str, str] = field(default_factory=dict)  # address -> SOURCE_PRECISE | SOURCE_APPROXIMATE
+    note: str = ""  # why the producer fell back, for the decision trace
 
     def tokens(self, address: str) -> int:
-        """Prompt tokens `address` is believed to hold (its matched blocks × tokens per block)."""
-        return int(self.matched.get(address, 0) * (self.tokens_per_block or self.block_size_tokens))
+        """Prompt tokens of cache credit on `address`: its tier-weighted matched blocks × tokens
+        per block (a block offloaded to CPU saves less than one on the GPU)."""
+        return int(self.credit(address) * (self.tokens_per_block or self.block_size_tokens))
+
+    def credit(self, address: str) -> float:
+        """Matched blocks weighted by tier (equal to `matched` when everything is on the GPU)."""
+        weighted = self.weighted.get(address)
+        return weighted if weighted is not None else float(self.matched.get(address, 0))
 
     def ratio(self, address: str) -> float:
-        return self.matched.get(address, 0) / self.total if self.total else 0.0
+        return self.credit(address) / self.total if self.total else 0.0

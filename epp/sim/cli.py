@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
 from epp.sim.config import SERVER_KINDS, EngineConfig, SimConfig
+from epp.sim.kv_publisher import KVEventsConfig
 from epp.sim.server import start_pods, stop_pods
 from epp.sim.steptime import DEFAULT_PROFILE, kv_capacity_blocks, profiles
 
@@ -48,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=sim.default_max_tokens)
     parser.add_argument("--mean-output-tokens", type=float, default=sim.mean_output_tokens,
                         help="mean output length when ignore_eos is not set")
+    parser.add_argument("--kv-events-config", default=None, metavar="JSON",
+                        help="vLLM's flag: publish KV-cache events over ZMQ, e.g. "
+                             '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+                             '"topic": "kv@{ip}:{port}@{model}"}\' (pod i binds port+i; see epp/sim/README.md)')
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -73,30 +79,62 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return cfg
 
 
+def kv_events_from_args(args: argparse.Namespace) -> KVEventsConfig | None:
+    """`--kv-events-config`, validated for `--pods` pods; vLLM's warnings printed."""
+    if args.kv_events_config is None:
+        return None
+    kv = KVEventsConfig.from_json(args.kv_events_config)
+    kv.check_pods(args.pods)
+    warnings = kv.warnings()
+    if kv.enabled and args.no_prefix_caching:
+        warnings.append("KV cache events are on, but prefix caching is not enabled: no blocks will be stored")
+    for warning in warnings:
+        print(f"epp sim: warning: {warning}", file=sys.stderr)
+    return kv
+
+
+def dev_mode_from_env() -> bool:
+    """VLLM_SERVER_DEV_MODE, read as vLLM reads it (an integer; non-zero serves the dev endpoints)."""
+    raw = os.environ.get("VLLM_SERVER_DEV_MODE", "0")
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ValueError(f"VLLM_SERVER_DEV_MODE must be an integer (0 or 1), got {raw!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
+        kv_events = kv_events_from_args(args)
+        dev_mode = dev_mode_from_env()
     except ValueError as e:
         print(f"epp sim: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(cfg, args.pods, args.base_port, args.host))
+        asyncio.run(_serve(cfg, args.pods, args.base_port, args.host, kv_events, dev_mode))
     except OSError as e:
         print(f"epp sim: {e}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve(cfg: SimConfig, n: int, base_port: int, host: str) -> None:
+async def _serve(cfg: SimConfig, n: int, base_port: int, host: str, kv_events: KVEventsConfig | None = None,
+                 dev_mode: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    pods = await start_pods(n, base_port=base_port, host=host, config=cfg)
+    pods = await start_pods(n, base_port=base_port, host=host, config=cfg, kv_events=kv_events, dev_mode=dev_mode)
     try:
         for pod in pods:
-            print(f"{pod.name} {pod.url} model={cfg.model}" + (f" engine={cfg.server}" if cfg.server != "vllm" else ""),
-                  flush=True)
+            extra = " dev-mode" if dev_mode else ""
+            if (pub := pod.kv_publisher) is not None:
+                mode = "bind" if pub.settings.bind else "connect"
+                extra += f" kv-events={pub.endpoint} ({mode}) topic={pub.settings.topic!r}"
+                if pub.replay_endpoint:
+                    extra += f" replay={pub.replay_endpoint}"
+            engine = f" engine={cfg.server}" if cfg.server != "vllm" else ""
+            print(f"{pod.name} {pod.url} model={cfg.model}{engine}{extra}", flush=True)
         await stop.wait()
     finally:
         await stop_pods(pods)

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Literal
 
+import orjson
 from aiohttp import web
 
 from epp.sim.config import EngineConfig, SimConfig
@@ -31,6 +32,8 @@ from epp.sim.engine import Engine
 from epp.sim.exposition import CONTENT_TYPE, Exposition
 from epp.sim.factory import RequestFactory
 from epp.sim.generation import token_piece, token_text
+from epp.sim.kv_events import EventBatch
+from epp.sim.kv_publisher import KVEventsConfig, ZmqEventPublisher
 from epp.sim.metrics import VllmMetrics
 from epp.sim.protocol import ApiError, Kind, ParsedRequest, error_bytes, parse_request
 from epp.sim.request import Request
@@ -62,15 +65,24 @@ class _Waiter:
 
 class SimPod:
     """One simulated vLLM server. `fault` breaks its /metrics on purpose: "hang" never answers,
-    "garbage" answers 200 with unparsable text, "error" answers 500; None is healthy."""
+    "garbage" answers 200 with unparsable text, "error" answers 500; None is healthy.
+
+    `kv_events` is vLLM's `--kv-events-config`: when enabled the pod publishes its KV-cache events
+    over ZMQ (`kv_publisher`), pod `index` offsetting the endpoints it binds. `dev_mode` serves
+    `POST /reset_prefix_cache`, as vLLM does only with VLLM_SERVER_DEV_MODE=1."""
 
     def __init__(self, config: SimConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 name: str | None = None) -> None:
+                 name: str | None = None, index: int = 0, kv_events: KVEventsConfig | None = None,
+                 dev_mode: bool = False) -> None:
         self.config = config or SimConfig()
         self.config.validate()
         self.host = host
         self._port = port
         self.name = name or f"sim-{id(self):x}"
+        self.index = index
+        self.kv_events = kv_events if kv_events is not None and kv_events.enabled else None
+        self.kv_publisher: ZmqEventPublisher | None = None
+        self.dev_mode = dev_mode
         self._fresh_state()
         self.fault: Fault | None = None
         self._rng = random.Random(self.config.seed ^ 0x5EED)
@@ -82,10 +94,16 @@ class SimPod:
         self._handlers: set[asyncio.Task[object]] = set()
         self._inflight_end: float | None = None
         self._broken: BaseException | None = None
+        # Engine calls that must wait for the step in flight (vLLM's engine core runs utility
+        # calls such as reset_prefix_cache between steps).
+        self._between_steps: list[Callable[[], None]] = []
 
     def _fresh_state(self) -> None:
         """A new engine, cache and metrics: what a (re)started vLLM process begins with."""
-        self.engine = Engine(self.config.engine)
+        engine_config = self.config.engine
+        if self.kv_events is not None:
+            engine_config = replace(engine_config, enable_kv_cache_events=True)
+        self.engine = Engine(engine_config)
         self.factory = RequestFactory(self.config)
         if self.config.server == "tgi":  # TGI's metric names over the same engine model
             from epp.sim.tgi_server import tgi_metrics
@@ -132,6 +150,8 @@ class SimPod:
             app.router.add_get("/v1/models", self._models)
             app.router.add_get("/health", self._health)
             app.router.add_get("/metrics", self._metrics)
+            if self.dev_mode:
+                app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
             app.on_response_prepare.append(_uvicorn_headers)
         runner = web.AppRunner(app, handle_signals=False, access_log=None,
                                handler_cancellation=True, shutdown_timeout=0.5)
@@ -148,6 +168,14 @@ class SimPod:
             await runner.cleanup()
             raise
         self._port = sock.getsockname()[1]
+        if self.kv_events is not None:
+            try:  # binding may wait for a port our previous incarnation is releasing: off the loop
+                settings = self.kv_events.for_pod(self.index, ip=self.host, port=self._port, model=self.config.model)
+                self.kv_publisher = await asyncio.to_thread(ZmqEventPublisher, settings, host=self.host,
+                                                            name=f"{self.name}-kv-events")
+            except BaseException:
+                await runner.cleanup()
+                raise
         self._runner = runner
         self._loop_task = asyncio.create_task(self._engine_loop(), name=f"{self.name}-engine")
 
@@ -166,6 +194,10 @@ class SimPod:
         for task in list(self._handlers):
             task.cancel()
         await runner.cleanup()
+        self._between_steps.clear()
+        publisher, self.kv_publisher = self.kv_publisher, None
+        if publisher is not None:
+            await asyncio.to_thread(publisher.close)
         self._inflight_end = None
         self._fresh_state()  # a restarted pod comes back empty, like a restarted vLLM
 
@@ -197,6 +229,7 @@ class SimPod:
         engine = self.engine
         scale = self.config.time_scale
         lora = bool(self.config.lora_adapters)
+        publisher = self.kv_publisher
         wake = self._wake
         assert wake is not None
         clock = 0.0
@@ -231,6 +264,14 @@ class SimPod:
                     last_yield = loop.time()
                 step = engine.update(out)
                 clock = out.end_time
+                if publisher is not None:  # one batch per step with events, as vLLM's scheduler
+                    events = engine.take_kv_events()
+                    if events:
+                        publisher.publish(EventBatch(ts=time.time(), events=events))
+                if self._between_steps:
+                    calls, self._between_steps = self._between_steps, []
+                    for call in calls:
+                        call()
                 self.metrics.record_step(step)
                 if lora:
                     snap = engine.snapshot()
@@ -354,6 +395,34 @@ class SimPod:
                            int(time.time()), perms)
         return web.Response(body=body, content_type=_JSON)
 
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's dev endpoint: forget cached blocks (AllBlocksCleared goes out with the next step)."""
+        try:
+            reset_running = _query_bool(request, "reset_running_requests")
+            _query_bool(request, "reset_external")  # no KV connector here: nothing external to reset
+        except ApiError as e:
+            return web.Response(status=e.status, body=error_bytes(e), content_type=_JSON)
+        log.info("%s: resetting prefix cache (reset_running_requests=%s)", self.name, reset_running)
+        engine = self.engine
+        if engine.busy:  # wait for the step in flight, as vLLM's engine core does
+            done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+            def reset() -> None:
+                if not done.done():
+                    done.set_result(engine.reset_prefix_cache(reset_running_requests=reset_running))
+
+            self._between_steps.append(reset)
+            task = asyncio.current_task()
+            assert task is not None
+            self._handlers.add(task)  # a pod stopped meanwhile cancels the wait
+            try:
+                success = await done
+            finally:
+                self._handlers.discard(task)
+        else:
+            success = engine.reset_prefix_cache(reset_running_requests=reset_running)
+        return web.Response(body=orjson.dumps({"success": bool(success)}), content_type=_JSON)
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -376,6 +445,23 @@ class SimPod:
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+_FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
+
+
+def _query_bool(request: web.Request, key: str) -> bool:
+    """A boolean query parameter as FastAPI (pydantic) parses it; default False."""
+    raw = request.query.get(key)
+    if raw is None:
+        return False
+    value = raw.lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    item = {"type": "bool_parsing", "loc": f"query.{key}",
+            "msg": "Input should be a valid boolean, unable to interpret input", "input": raw[:100]}
+    raise ApiError(400, f"1 validation error:\n  {item!r}", "Bad Request", f"query.{key}")
+
+
 @web.middleware
 async def _fastapi_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     """Unknown paths and methods answer like FastAPI does, as JSON."""
@@ -393,17 +479,20 @@ async def _uvicorn_headers(request: web.Request, response: web.StreamResponse) -
 
 
 async def start_pods(n: int, base_port: int = 0, host: str = "127.0.0.1",
-                     config: SimConfig | None = None) -> list[SimPod]:
+                     config: SimConfig | None = None, *, kv_events: KVEventsConfig | None = None,
+                     dev_mode: bool = False) -> list[SimPod]:
     """Start `n` pods on consecutive ports from `base_port` (0: free ports chosen by the OS).
 
-    Pod i gets `config.seed + i`, so pods differ in sampled output lengths but are reproducible.
+    Pod i gets `config.seed + i`, so pods differ in sampled output lengths but are reproducible,
+    and index i for its KV-event endpoints.
     """
     base = config or SimConfig()
     pods: list[SimPod] = []
     try:
         for i in range(n):
             cfg = replace(base, seed=base.seed + i)
-            pod = SimPod(cfg, host=host, port=base_port + i if base_port else 0, name=f"pod-{i}")
+            pod = SimPod(cfg, host=host, port=base_port + i if base_port else 0, name=f"pod-{i}", index=i,
+                         kv_events=kv_events, dev_mode=dev_mode)
             await pod.start()
             pods.append(pod)
     except BaseException:

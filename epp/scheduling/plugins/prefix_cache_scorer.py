@@ -1,11 +1,21 @@
 """`prefix-cache-scorer`: fraction of the prompt's blocks an endpoint probably has cached.
 
-Score = matched blocks / total blocks, read from the `PrefixMatch` its producer
-(`approx-prefix-cache-producer`) put in the cycle state; 0 when the prompt has no blocks. The
-scorer itself is stateless. If no producer is configured one is created with default parameters
-(the reference's behaviour). The reference's docs put the producer's parameters (`blockSizeTokens`,
-`maxPrefixBlocksToMatch`, `lruCapacityPerServer`, ...) on this scorer; they are accepted here too
-and configure a producer of the scorer's own.
+Score = matched blocks / total blocks (tier-weighted when the producer says some are held off the
+GPU), read from the `PrefixMatch` its producer put in the cycle state; 0 when the prompt has no
+blocks. The scorer itself is stateless.
+
+`prefixMatchInfoProducerName` (llm-d's name) names the producer to read, e.g.
+`precise-prefix-cache-producer` (KV events); it must be a configured plugin that writes a
+`PrefixMatch`. Without it the scorer reads the configured `approx-prefix-cache-producer`, or one
+created with default parameters (the reference's behaviour). The reference's docs put the
+approximate producer's parameters (`blockSizeTokens`, `maxPrefixBlocksToMatch`,
+`lruCapacityPerServer`, ...) on this scorer; they are accepted here too and configure a producer
+of the scorer's own (not together with `prefixMatchInfoProducerName`).
+
+```yaml
+- type: prefix-cache-scorer
+  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}
+```
 """
 
 from __future__ import annotations
@@ -13,9 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epp.api.request import InferenceRequest
-from epp.params import Params
+from epp.params import ConfigError, Params
 from epp.datastore import Endpoint
-from epp.scheduling.framework import CycleState, Plugin, Scorer
+from epp.scheduling.framework import CycleState, DataProducer, Plugin, Scorer
 from epp.scheduling.plugins._requires import unique_name
 from epp.scheduling.plugins.approx_prefix_cache_producer import (
     PARAMETER_NAMES,
@@ -27,6 +37,9 @@ from epp.scheduling.prefix_match import PrefixMatch
 if TYPE_CHECKING:
     from epp.plugin import PluginContext
 
+# Producer types that write a `PrefixMatch` under their name.
+PREFIX_MATCH_PRODUCERS = ("approx-prefix-cache-producer", "precise-prefix-cache-producer")
+
 
 class PrefixCacheScorer(Scorer):
     type = "prefix-cache-scorer"
@@ -34,22 +47,39 @@ class PrefixCacheScorer(Scorer):
     def __init__(
         self,
         name: str = "",
-        producer: ApproxPrefixCacheProducer | None = None,
+        producer: DataProducer | None = None,
         producer_config: PrefixCacheConfig | None = None,
+        producer_name: str = "",
     ) -> None:
         super().__init__(name)
         self.producer = producer
         self.producer_config = producer_config  # parameters given on the scorer (docs style)
+        self.producer_name = producer_name  # prefixMatchInfoProducerName
 
     @classmethod
     def from_config(cls, name: str, params: Params, ctx: PluginContext) -> PrefixCacheScorer:
         config = PrefixCacheConfig.from_params(params)
+        producer_name = params.str("prefixMatchInfoProducerName", "")
         params.done()
         given = any(params.has(key) for key in PARAMETER_NAMES)
-        return cls(name, producer_config=config if given else None)
+        if producer_name and given:
+            raise params.error("prefixMatchInfoProducerName", "names a producer; its parameters go on that "
+                               "producer, not on the scorer")
+        return cls(name, producer_config=config if given else None, producer_name=producer_name)
 
     def create_missing_producers(self, ctx: PluginContext) -> list[Plugin]:
         if self.producer is not None:
+            return []
+        if self.producer_name:
+            plugin = ctx.plugins.get(self.producer_name)
+            if plugin is None:
+                raise ConfigError(f"plugins: {self.name!r}.prefixMatchInfoProducerName: no plugin named "
+                                  f"{self.producer_name!r} (defined: {', '.join(ctx.plugins)})")
+            if not isinstance(plugin, DataProducer) or plugin.type not in PREFIX_MATCH_PRODUCERS:
+                raise ConfigError(f"plugins: {self.name!r}.prefixMatchInfoProducerName: {self.producer_name!r} "
+                                  f"(type {plugin.type}) does not produce prefix-match info; use one of "
+                                  f"{', '.join(PREFIX_MATCH_PRODUCERS)}")
+            self.producer = plugin
             return []
         if self.producer_config is None:
             for plugin in ctx.plugins.values():

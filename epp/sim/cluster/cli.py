@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests arriving before this are not counted (default: the workload's)")
     parser.add_argument("--refresh-interval", default="50ms",
                         help="how often the EPP sees new pod metrics (default 50ms, as --refresh-metrics-interval)")
+    parser.add_argument("--kv-events-delay", default="5ms",
+                        help="from a pod's step to a KV-event subscriber in the router (default 5ms)")
     parser.add_argument("--horizon", default=None, help="end the run at this virtual time (default: generous)")
     parser.add_argument("--tenants", type=int, default=10, help="tenants shown per policy (default 10)")
     parser.add_argument("--list-workloads", action="store_true", help="list the shipped workloads and exit")
@@ -68,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         warmup = _seconds(args.warmup) if args.warmup is not None else None
         if refresh <= 0:
             raise ConfigError("--refresh-interval: must be > 0")
+        kv_delay = _seconds(args.kv_events_delay)
+        if kv_delay < 0:
+            raise ConfigError("--kv-events-delay: must be >= 0")
         if args.rate_scale <= 0:
             raise ConfigError("--rate-scale: must be > 0")
         workload = workload.scaled(rate=args.rate_scale, duration=duration, max_requests=args.requests,
@@ -80,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
             if not have_matplotlib():
                 raise ConfigError("--plots needs matplotlib (pip install 'epp[sim]')")
         reports = simulate(workload, pods=args.pods, policies=policies, seed=args.seed, refresh_interval=refresh,
-                           horizon=horizon, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                           horizon=horizon, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                           kv_events_delay=kv_delay)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

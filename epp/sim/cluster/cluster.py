@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass, field
 
 from epp.errors import EppError
+from epp.sim.cluster.kv_feed import DEFAULT_DELAY, KVEventFeed
 from epp.sim.cluster.pods import ClusterPod
 from epp.sim.cluster.routers import Router
 from epp.sim.cluster.traffic import Job, Traffic
@@ -87,7 +88,7 @@ class Cluster:
     def __init__(self, workload: Workload, router: Router, *, pods: int, seed: int | None = None,
                  refresh_interval: float = 0.05, sample_interval: float = 1.0,
                  horizon: float | None = None, sim_config: SimConfig | None = None,
-                 scrape_phase: bool = True, pause_gc: bool = True) -> None:
+                 scrape_phase: bool = True, pause_gc: bool = True, kv_events_delay: float = DEFAULT_DELAY) -> None:
         if pods < 1:
             raise ValueError("pods must be >= 1")
         if refresh_interval <= 0:
@@ -103,6 +104,8 @@ class Cluster:
         self.scrape_phase = scrape_phase
         self.pause_gc = pause_gc
         self.loop = VirtualTimeLoop()
+        # Routers subscribe in `attach` to get every pod's KV-cache events (see kv_feed).
+        self.kv_events = KVEventFeed(self.loop, kv_events_delay)
         self.pods: list[ClusterPod] = []
         self.jobs: list[Job] = []
         self.samples: list[Sample] = []
@@ -138,6 +141,9 @@ class Cluster:
         if self.router.wants_first_token:
             for pod in self.pods:
                 pod.on_first_token = self._first_token
+        if self.kv_events.active:
+            for pod in self.pods:
+                pod.publish_kv_events(self.kv_events)
         await self.router.start()
         if self.router.wants_metrics:
             # Every pod is scraped at its own phase of the interval, as independent scrape loops

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from epp.datastore import EndpointMetrics
 from epp.sim.config import EngineConfig
@@ -24,12 +26,15 @@ from epp.sim.engine import Engine, SchedulerOutput
 from epp.sim.request import Request
 from epp.sim.steptime import StepTimeModel
 
+if TYPE_CHECKING:
+    from epp.sim.cluster.kv_feed import KVEventFeed
+
 
 class ClusterPod:
     """An engine on the loop's clock; `on_finish(request)` is called as requests end."""
 
     __slots__ = ("index", "engine", "loop", "on_finish", "on_first_token", "itl_sum", "itl_count", "last_scrape",
-                 "_max_loras", "_num_blocks", "_block_size", "busy_time", "itl_hist")
+                 "_max_loras", "_num_blocks", "_block_size", "busy_time", "itl_hist", "kv_feed")
 
     def __init__(self, index: int, config: EngineConfig, loop: asyncio.AbstractEventLoop,
                  on_finish: Callable[[Request], None], step_time: StepTimeModel | None = None) -> None:
@@ -49,6 +54,15 @@ class ClusterPod:
         self._max_loras = config.max_loras
         self._num_blocks = config.num_gpu_blocks
         self._block_size = config.block_size
+        self.kv_feed: KVEventFeed | None = None
+
+    def publish_kv_events(self, feed: KVEventFeed) -> None:
+        """Record KV-cache events from now on and hand each step's to `feed` (before any request)."""
+        engine = self.engine
+        if engine.requests:
+            raise RuntimeError("enable KV events before the pod gets requests")
+        self.engine = Engine(replace(engine.config, enable_kv_cache_events=True), engine.step_time)
+        self.kv_feed = feed
 
     # -- requests and steps --
 
@@ -69,6 +83,11 @@ class ClusterPod:
 
     def _step_done(self, out: SchedulerOutput) -> None:
         step = self.engine.update(out)
+        feed = self.kv_feed
+        if feed is not None:  # one batch per step with events, at the step's end, as vLLM
+            events = self.engine.take_kv_events()
+            if events:
+                feed.publish(self.index, events)
         decodes = out.num_decode_seqs
         if decodes:
             # Each decode's token came one step after its previous one: ITL = the step's duration.

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from epp.sim.cluster.cluster import Cluster
 from epp.sim.cluster.epp_router import EppRouter
+from epp.sim.cluster.kv_feed import DEFAULT_DELAY
 from epp.sim.cluster.report import Report, build_report
 from epp.sim.cluster.routers import REFERENCE_POLICIES, Router, reference_router
 from epp.sim.cluster.workload import Workload
@@ -62,19 +63,20 @@ def make_router(policy: Policy, *, seed: int, refresh_interval: float = 0.05) ->
 
 
 def run_policy(workload: Workload, policy: Policy, *, pods: int, seed: int | None = None,
-               refresh_interval: float = 0.05, horizon: float | None = None, max_tenants: int = 0) -> Report:
+               refresh_interval: float = 0.05, horizon: float | None = None, max_tenants: int = 0,
+               kv_events_delay: float = DEFAULT_DELAY) -> Report:
     """One policy on a fresh cluster; the report carries the run's wall time."""
     seed = workload.seed if seed is None else seed
     router = make_router(policy, seed=seed, refresh_interval=refresh_interval)
     started = time.perf_counter()
     result = Cluster(workload, router, pods=pods, seed=seed, refresh_interval=refresh_interval,
-                     horizon=horizon).run()
+                     horizon=horizon, kv_events_delay=kv_events_delay).run()
     return build_report(result, time.perf_counter() - started, max_tenants=max_tenants)
 
 
 def simulate(workload: Workload, *, pods: int, policies: Sequence[Policy] = ("epp",), seed: int | None = None,
              refresh_interval: float = 0.05, horizon: float | None = None, max_tenants: int = 0,
-             progress: Progress | None = None) -> list[Report]:
+             progress: Progress | None = None, kv_events_delay: float = DEFAULT_DELAY) -> list[Report]:
     """Run each policy on the workload (same seed), in order; `progress` hears a line per run."""
     reports = []
     for policy in policies:
@@ -82,7 +84,7 @@ def simulate(workload: Workload, *, pods: int, policies: Sequence[Policy] = ("ep
         if progress:
             progress(f"{workload.name}: {name} on {pods} pods ...")
         report = run_policy(workload, policy, pods=pods, seed=seed, refresh_interval=refresh_interval,
-                            horizon=horizon, max_tenants=max_tenants)
+                            horizon=horizon, max_tenants=max_tenants, kv_events_delay=kv_events_delay)
         if progress:
             progress(f"{workload.name}: {name}: {report.ok}/{report.requests} served, "
                      f"{report.end_time:.0f} s virtual in {report.wall_seconds:.1f} s")
