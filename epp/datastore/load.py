@@ -40,6 +40,7 @@ class Outstanding:
     dispatched: float  # clock time of the pick
     predicted_ttft: float = 0.0  # seconds, from the pick
     streamed: bool = True  # its first byte will be its first token
+    model: str = ""  # the target model (a LoRA adapter's name keeps that adapter busy on the pod)
     # The service model's features at the pick, for learning from the observed TTFT.
     step_feature: float = 0.0
     prefill_feature: float = 0.0
@@ -97,6 +98,7 @@ class EndpointLoad:
     context_tokens: int = 0  # Σ mean_context of the decoding ones (KV their steps read)
     footprint_tokens: int = 0  # Σ footprint of every outstanding request
     requests: int = 0
+    models: dict[str, int] = field(default_factory=dict)  # target model -> outstanding requests
     # The ledger as of the endpoint's last scrape, to tell the scraped queue what it cannot
     # explain (traffic the EPP did not send) from what it can.
     requests_at_scrape: int = 0
@@ -126,6 +128,8 @@ class EndpointLoad:
         item.started = max(now, tail)
         item.expected_done = max(now + item.predicted_ttft, item.started)
         self.pending.append(item)
+        if item.model:
+            self.models[item.model] = self.models.get(item.model, 0) + 1
         self.prefill_backlog += item.prefill_tokens
         self.prefill_pairs += item.attention_pairs
         self.footprint_tokens += item.footprint_tokens
@@ -166,6 +170,12 @@ class EndpointLoad:
         item.released = True
         self.footprint_tokens -= item.footprint_tokens
         self.requests -= 1
+        if item.model:
+            left = self.models.get(item.model, 0) - 1
+            if left > 0:
+                self.models[item.model] = left
+            else:
+                self.models.pop(item.model, None)
 
     def settle(self, now: float) -> None:
         """Advance the integrals to `now`; requests whose prefill must be over leave the queue."""

@@ -224,7 +224,7 @@ class Director:
         load, service = endpoint.load, endpoint.service
         if prediction is not None:
             item = Outstanding(prediction.prompt_tokens, prediction.cached_tokens, prediction.output_tokens, now,
-                               predicted_ttft=prediction.ttft, streamed=request.stream)
+                               predicted_ttft=prediction.ttft, streamed=request.stream, model=request.target_model)
             if prediction.wait_seconds == 0.0:  # a prediction that waited on a slot teaches nothing
                 item.step_feature = prediction.step_feature
                 item.prefill_feature = prediction.prefill_feature
@@ -232,7 +232,7 @@ class Director:
             stats = self.datastore.models.get(request.target_model)
             prompt = stats.prompt_tokens(len(request.prompt))
             output = stats.expected_output(request.max_tokens)
-            item = Outstanding(prompt, 0, max(1, output), now, streamed=request.stream)
+            item = Outstanding(prompt, 0, max(1, output), now, streamed=request.stream, model=request.target_model)
             estimate = service.ttft(load.backlog_at(now) + item.prefill_tokens, item.attention_pairs,
                                     load.decoding, load.context_tokens)
             item.predicted_ttft = estimate.seconds

@@ -61,6 +61,7 @@ _RATE_WINDOW = 10.0  # seconds
 # whose length a decode batch sets, per TTFT.
 _STEPS_PER_TTFT = 1.5
 _MAX_UTILIZATION = 0.95
+_ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 
 
 class PredictedLatencyProducer(DataProducer):
@@ -147,7 +148,7 @@ class PredictedLatencyProducer(DataProducer):
         predictions = cycle.predictions
         for ep in endpoints:
             predictions[ep.address] = self.predict(ep, match, prompt, output, now, stats.mean_output_tokens, source,
-                                                   arrivals)
+                                                   arrivals, request.target_model)
 
     def _arrival_rate(self, now: float) -> float:
         """Requests per second reaching the pool, counting this one."""
@@ -157,7 +158,7 @@ class PredictedLatencyProducer(DataProducer):
         return self._rate
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
-                mean_output: float, source: str = "", arrivals_per_pod: float = 0.0) -> Prediction:
+                mean_output: float, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
         load, service, metrics = ep.load, ep.service, ep.metrics
         prior = service.prior
         cached = min(match.tokens(ep.address), prompt - 1) if match is not None else 0
@@ -177,6 +178,7 @@ class PredictedLatencyProducer(DataProducer):
         estimate = service.ttft(queued + own, pairs, decoding, context)
         wait = self._slot_wait(ep, decoding, context, output, mean_output, unexplained)
         wait += self._kv_wait(ep, own, decoding, context, mean_output)
+        wait += self._adapter_wait(ep, model, decoding, context, mean_output)
         step = service.step_seconds(decoding + 1.0, context + prompt)
         itl = step + service.prefill_scale * prior.per_prefill_token * min(queued, prior.max_batched_tokens)
         # What the pick costs the requests that reach the pod after it, in seconds of their TTFT.
@@ -224,6 +226,23 @@ class PredictedLatencyProducer(DataProducer):
             return 0.0
         step = ep.service.step_seconds(decoding, context)
         return (running - limit + 1) / self._completions_per_second(step, decoding, mean_output)
+
+    def _adapter_wait(self, ep: Endpoint, model: str, decoding: float, context: float, mean_output: float) -> float:
+        """Seconds until a LoRA adapter the pod is not running can join its batch: vLLM runs at
+        most `max_lora` adapters at once, so with every slot taken the request waits until one
+        adapter's requests have all ended (about one request's remaining decode); a free slot
+        costs the adapter's load."""
+        m = ep.metrics
+        if not model or m.max_active_models <= 0 or model in m.models or model in m.active_models:
+            return 0.0
+        ours = ep.load.models
+        if ours.get(model, 0) > 0:
+            return 0.0
+        busy = len(m.active_models | {name for name in ours if name not in m.models})
+        if busy < m.max_active_models:
+            return _ADAPTER_LOAD_SECONDS
+        step = ep.service.step_seconds(decoding, context)
+        return _ADAPTER_LOAD_SECONDS + max(1.0, mean_output * 0.5) * step
 
     def _kv_wait(self, ep: Endpoint, own: int, decoding: float, context: float, mean_output: float) -> float:
         """Seconds until the pod's KV cache can take this prompt's uncached blocks."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from epp.errors import EppError
 from epp.sim.cluster.kv_feed import DEFAULT_DELAY, KVEventFeed
+from epp.sim.cluster.diagnostics import PickInfo, QueuedPrefill
 from epp.sim.cluster.pods import ClusterPod
 from epp.sim.cluster.routers import Router
 from epp.sim.cluster.traffic import Job, Traffic
@@ -80,6 +81,7 @@ class RunResult:
     sample_interval: float = 1.0
     # Per-token inter-token latency: step duration (rounded to 0.1 ms) -> decode tokens, all pods.
     itl_hist: dict[float, int] = field(default_factory=dict)
+    picks: list[PickInfo] = field(default_factory=list)  # one per dispatch (see diagnostics)
 
 
 class Cluster:
@@ -113,6 +115,7 @@ class Cluster:
         self.completed = 0
         self._done: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.picks: list[PickInfo] = []
 
     # -- running --
 
@@ -133,6 +136,9 @@ class Cluster:
         cfg = self.sim_config
         step_time = cfg.engine.step_time_model()
         self.pods = [ClusterPod(i, cfg.engine, loop, self._finished, step_time) for i in range(self.num_pods)]
+        for pod in self.pods:
+            pod.serves(cfg.model)
+        self._queued = QueuedPrefill(self.num_pods)
         self.factory = RequestFactory(cfg, seed=self.seed)
         self.traffic = Traffic(self.workload, pods=self.num_pods, seed=self.seed,
                                max_model_len=cfg.engine.max_model_len)
@@ -189,7 +195,8 @@ class Cluster:
         flow = bool(getattr(self.router, "flow_control", False))
         return RunResult(policy=self.router.name, workload=self.workload, pods=self.num_pods, seed=self.seed,
                          jobs=self.jobs, samples=self.samples, pod_stats=stats, end_time=end, unfinished=unfinished,
-                         flow_control=flow, sample_interval=self.sample_interval, itl_hist=itl_hist)
+                         flow_control=flow, sample_interval=self.sample_interval, itl_hist=itl_hist,
+                         picks=self.picks)
 
     # -- arrivals --
 
@@ -231,6 +238,9 @@ class Cluster:
         now = self.loop.time()
         job.dispatch = now
         job.pod = pod
+        believed, predicted = self.router.belief(job)
+        excess = self._queued.excess(pod, [p.engine for p in self.pods])
+        self.picks.append(PickInfo(job.id, excess, believed, predicted))
         job.prompt = ""  # the engine request has its blocks; the text is no longer needed
         req.arrival_time = now  # the engine's own clock starts when it receives the request
         try:

@@ -14,6 +14,7 @@ Pickers are reseeded from the run seed, so a run is reproducible.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import orjson
@@ -24,7 +25,8 @@ from epp.api.response import Usage
 from epp.core import build_core
 from epp.datastore import Datastore, Endpoint, EndpointMetrics, EndpointSpec
 from epp.flowcontrol.flow_admission import FlowControlAdmission
-from epp.requestcontrol.director import RequestRecord
+from epp.requestcontrol.director import Decision, RequestRecord
+from epp.scheduling.prefix_match import PrefixMatch
 from epp.sim.cluster.routers import Router
 from epp.sim.cluster.traffic import Job
 
@@ -55,6 +57,7 @@ class EppRouter(Router):
         self.endpoints: list[Endpoint] = []
         self._index: dict[str, int] = {}
         self.classes: list[dict[str, str]] = []
+        self._last: Decision | None = None  # the decision `route` just made, for `belief`
 
     def attach(self, cluster: Cluster) -> None:
         super().attach(cluster)
@@ -110,12 +113,29 @@ class EppRouter(Router):
         request = parse_request(orjson.dumps(body), path=COMPLETIONS, request_id=str(job.id), headers=headers)
         decision, record = await self.director.handle_request(request)
         job.handle = record
+        self._last = decision
         if decision.body is not None and job.request is not None:
             sent = orjson.loads(decision.body)
             priority = sent.get("priority")
             if isinstance(priority, int):  # flow control's order, carried into vLLM
                 job.request.priority = priority
         return self._index[decision.targets[0].address]
+
+    def belief(self, job: Job) -> tuple[int, float]:
+        """What the pick's cycle believed of the chosen pod: the cache credit (the prediction's, or
+        the first prefix producer's match) and the predicted TTFT."""
+        decision, self._last = self._last, None
+        if decision is None or decision.result is None:
+            return -1, math.nan
+        cycle = decision.result.cycle
+        address = decision.targets[0].address
+        prediction = cycle.predictions.get(address)
+        if prediction is not None:
+            return prediction.cached_tokens, prediction.ttft
+        for value in cycle.data.values():
+            if isinstance(value, PrefixMatch):
+                return value.tokens(address), math.nan
+        return -1, math.nan
 
     def first_token(self, job: Job) -> None:
         record = job.handle

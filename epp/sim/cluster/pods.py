@@ -34,7 +34,7 @@ class ClusterPod:
     """An engine on the loop's clock; `on_finish(request)` is called as requests end."""
 
     __slots__ = ("index", "engine", "loop", "on_finish", "on_first_token", "itl_sum", "itl_count", "last_scrape",
-                 "_max_loras", "_num_blocks", "_block_size", "busy_time", "itl_hist", "kv_feed")
+                 "_max_loras", "_num_blocks", "_block_size", "busy_time", "itl_hist", "kv_feed", "_models")
 
     def __init__(self, index: int, config: EngineConfig, loop: asyncio.AbstractEventLoop,
                  on_finish: Callable[[Request], None], step_time: StepTimeModel | None = None) -> None:
@@ -52,6 +52,7 @@ class ClusterPod:
         self.itl_hist: dict[int, int] = {}
         self.last_scrape: EndpointMetrics | None = None
         self._max_loras = config.max_loras
+        self._models: frozenset[str] = frozenset()  # the served model's name, as vLLM labels its metrics
         self._num_blocks = config.num_gpu_blocks
         self._block_size = config.block_size
         self.kv_feed: KVEventFeed | None = None
@@ -107,6 +108,10 @@ class ClusterPod:
         if not self.engine.busy:
             self._plan()
 
+    def serves(self, model: str) -> None:
+        """The base model's name, which the scraped metrics carry (vLLM's `model_name` label)."""
+        self._models = frozenset({model})
+
     # -- what a scrape sees --
 
     def scrape(self, now: float) -> EndpointMetrics:
@@ -127,6 +132,7 @@ class ClusterPod:
             active = frozenset(r.lora for r in engine.running if r.lora)
             waiting_models = frozenset(r.lora for r in engine.waiting if r.lora)
         m = EndpointMetrics(
+            models=self._models,
             waiting_queue_size=len(engine.waiting),
             running_requests=running,
             kv_cache_usage=engine.kv.usage,

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from epp.sim.cluster.cluster import RunResult
+from epp.sim.cluster.diagnostics import BEHIND_TOKENS
 from epp.sim.cluster.traffic import Job
 
 Triple = tuple[float, float, float]
@@ -105,6 +106,16 @@ class Report:
     unfinished: int
     ttft_quantiles: list[float] = field(default_factory=list)  # TTFT at q = 0, 0.01, ..., 1 (CDF plots)
     wall_seconds: float = 0.0
+    # Why (see `diagnostics`): share of picks that queued behind >= 4k more uncached prefill
+    # tokens than the least loaded pod had; the router's prefix-index accuracy (Σ min(believed,
+    # true) / Σ max over the picks it believed anything about) and the share of picks where it
+    # claimed a cached block the engine did not have; the median |predicted - observed| / observed
+    # TTFT of a predicting router.
+    behind_share: float = math.nan
+    index_accuracy: float = math.nan
+    over_claimed: float = math.nan
+    prediction_error: float = math.nan
+    busiest_share: float = math.nan
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -181,6 +192,7 @@ def build_report(run: RunResult, wall_seconds: float = 0.0, max_tenants: int = 0
     hits = sum(p.prefix_hits for p in run.pod_stats)
     errors = Counter(j.error for j in jobs if j.error)
     s = run.samples
+    why = _diagnose(run, jobs)
     return Report(
         policy=run.policy, workload=w.name, pods=run.pods, seed=run.seed, flow_control=run.flow_control,
         requests=len(jobs), ok=len(ok), errors=dict(sorted(errors.items())), window=window,
@@ -195,7 +207,30 @@ def build_report(run: RunResult, wall_seconds: float = 0.0, max_tenants: int = 0
         pod_load=[x.per_pod for x in s], pod_share=[n / total_served for n in served],
         end_time=run.end_time, unfinished=run.unfinished, wall_seconds=wall_seconds,
         ttft_quantiles=quantiles([j.first_token - j.arrival for j in ok]),
+        busiest_share=max(served) / total_served if served else math.nan, **why,
     )
+
+
+def _diagnose(run: RunResult, jobs: Sequence[Job]) -> dict[str, float]:
+    counted = {j.id: j for j in jobs}
+    picks = [p for p in run.picks if p.job_id in counted]
+    if not picks:
+        return {}
+    block = run.workload.sim_config().engine.block_size
+    out = {"behind_share": sum(1 for p in picks if p.queued_excess >= BEHIND_TOKENS) / len(picks)}
+    believed = [(p.believed_cached, counted[p.job_id].cached_tokens) for p in picks
+                if p.believed_cached >= 0 and counted[p.job_id].ok]
+    if believed:
+        top = sum(max(b, t) for b, t in believed)
+        out["index_accuracy"] = sum(min(b, t) for b, t in believed) / top if top else 1.0
+        out["over_claimed"] = sum(1 for b, t in believed if b >= t + block) / len(believed)
+    errors = sorted(abs(p.predicted_ttft - (counted[p.job_id].first_token - counted[p.job_id].dispatch))
+                    / (counted[p.job_id].first_token - counted[p.job_id].dispatch)
+                    for p in picks if not math.isnan(p.predicted_ttft) and counted[p.job_id].ok
+                    and counted[p.job_id].first_token > counted[p.job_id].dispatch)
+    if errors:
+        out["prediction_error"] = pct(errors, 0.5)
+    return out
 
 
 # -- text --
@@ -222,18 +257,39 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-SUMMARY_HEADERS = ["policy", "ok/req", "TTFT p50", "p90", "p99 ms", "ITL p50", "p99 ms", "E2E p50", "p99 s",
-                   "req/s", "out tok/s", "hit rate", "waiting max", "EPP queue max", "errors"]
+SUMMARY_HEADERS = ["policy", "ok/req", "TTFT p50", "p90", "p99 ms", "p90/best", "p99/best", "ITL p50", "p99 ms",
+                   "E2E p50", "p99 s", "req/s", "out tok/s", "hit rate", "waiting max", "EPP queue max", "errors"]
+
+WHY_HEADERS = ["policy", "hit rate", "index accuracy", "over-claimed", f"behind >= {BEHIND_TOKENS // 1024}k",
+               "busiest pod", "TTFT pred. error"]
 
 
-def summary_row(r: Report) -> list[str]:
+def _pct(v: float) -> str:
+    return "–" if v is None or math.isnan(v) else f"{v:.1%}"
+
+
+def _ratio(mine: float, others: list[float]) -> str:
+    """Mine over the best of the others (the 'are we the best here' column)."""
+    others = [o for o in others if not math.isnan(o)]
+    if math.isnan(mine) or not others or min(others) <= 0:
+        return "–"
+    return f"{mine / min(others):.2f}"
+
+
+def summary_row(r: Report, others: Sequence[Report] = ()) -> list[str]:
     o = r.overall
     q = r.queue_series
     return [r.policy, f"{r.ok}/{r.requests}", _ms(o.ttft[0]), _ms(o.ttft[1]), _ms(o.ttft[2]),
+            _ratio(o.ttft[1], [x.overall.ttft[1] for x in others]),
+            _ratio(o.ttft[2], [x.overall.ttft[2] for x in others]),
             _ms(r.token_itl[0]), _ms(r.token_itl[2]), _s(o.e2e[0]), _s(o.e2e[2]),
-            f"{r.throughput_rps:.1f}", f"{r.output_tps:.0f}",
-            "–" if math.isnan(r.prefix_hit_rate) else f"{r.prefix_hit_rate:.1%}",
+            f"{r.throughput_rps:.1f}", f"{r.output_tps:.0f}", _pct(r.prefix_hit_rate),
             str(max(q["waiting"], default=0)), str(max(q["router_queued"], default=0)), _errors(r.errors)]
+
+
+def why_row(r: Report) -> list[str]:
+    return [r.policy, _pct(r.prefix_hit_rate), _pct(r.index_accuracy), _pct(r.over_claimed), _pct(r.behind_share),
+            _pct(r.busiest_share), _pct(r.prediction_error)]
 
 
 # Per group, ITL is each request's mean time per output token (TPOT); the summary's is per token.
@@ -252,8 +308,11 @@ def render_text(reports: list[Report], *, max_tenants: int = 10) -> str:
     if not reports:
         return ""
     r0 = reports[0]
+    rows = [summary_row(r, [x for x in reports if x is not r]) for r in reports]
     lines = [f"workload {r0.workload}: {r0.requests} requests on {r0.pods} pods, seed {r0.seed}, "
-             f"virtual time {r0.end_time:.1f} s", "", table(SUMMARY_HEADERS, [summary_row(r) for r in reports])]
+             f"virtual time {r0.end_time:.1f} s", "", table(SUMMARY_HEADERS, rows),
+             "(p90/best, p99/best: TTFT over the best other policy's)", "",
+             table(WHY_HEADERS, [why_row(r) for r in reports])]
     for r in reports:
         lines += ["", f"[{r.policy}] per class" + (" (flow control on)" if r.flow_control else ""),
                   table(GROUP_HEADERS, [group_row(g) for g in r.by_class])]

@@ -59,6 +59,11 @@ class Router(ABC):
     def first_token(self, job: Job) -> None:
         """`job`'s first token reached the client (only when `wants_first_token`)."""
 
+    def belief(self, job: Job) -> tuple[int, float]:
+        """For the report, right after `route(job)`: the prompt tokens the router believed the
+        chosen pod had cached (-1: it keeps no prefix index) and its predicted TTFT (nan: none)."""
+        return -1, math.nan
+
     def observe(self, pod: int, metrics: EndpointMetrics) -> None:
         """A scrape of `pod` (only when `wants_metrics`)."""
 
