@@ -41,7 +41,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from epp.datastore import Datastore
     from epp.params import ConfigError
 
-    text = open(args.config_file).read() if args.config_file else None
+    from epp.config.defaults import PRESETS
+
+    text = open(args.config_file).read() if args.config_file else PRESETS.get(args.preset) if args.preset else None
     try:
         loaded = load_config(text, Datastore())
     except ConfigError as exc:
@@ -98,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate an EndpointPickerConfig file")
     check.add_argument("config_file", nargs="?", default="", help="YAML file; none checks the built-in default")
     check.add_argument("--strict", action="store_true", help="exit 1 when the config has warnings")
+    check.add_argument("--preset", default="", help="check a built-in preset (predicted-latency, weighted, reference)")
     check.add_argument("--effective", action="store_true",
                        help="print the effective configuration (YAML): every plugin, weight and default injected")
     check.set_defaults(func=cmd_check_config)

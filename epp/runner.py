@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import grpc
 from aiohttp import web
 
+from epp.config.defaults import PRESETS
 from epp.config.loader import LoadedConfig
 from epp.config.options import Options
 from epp.core import build_core
@@ -62,6 +63,8 @@ def discovery_from_options(options: Options) -> Discovery:
 def config_text(options: Options) -> str | None:
     if options.config_file:
         return Path(options.config_file).read_text()
+    if options.config_preset:
+        return PRESETS[options.config_preset]
     return options.config_text or None
 
 

@@ -1,22 +1,30 @@
-"""The configuration used when none is given.
+"""The configuration used when none is given, and the named presets (`--config-preset`).
 
-`REFERENCE_DEFAULT_CONFIG` is the reference EPP's default (§3.4 of the reference notes) verbatim.
-`DEFAULT_CONFIG` is ours: the same, plus `active-request-scorer` (weight 2) in the default profile.
+- `predicted-latency` (the built-in default, `DEFAULT_CONFIG`): every candidate is scored by a
+  prediction in seconds of this request's time to first token there (queued and own uncached
+  prefill over the pod's learned rate, the decode batch, slot and KV waits) plus what the pick
+  does to the requests that will reach that pod after it; `latency-scorer` picks the cheapest, ties
+  at random. No weights to tune: the terms are seconds. `slo-headroom-tier-filter` only acts on
+  requests that carry `x-slo-ttft-ms` / `x-slo-tpot-ms`. The approximate prefix producer matches up
+  to 128k prompt tokens (the reference's 256 blocks stop at 4k tokens, below a long shared
+  document, so its cache credit would be cut short).
+- `weighted`: this project's previous default — the reference's weighted sum (queue 2,
+  kv-cache 2, prefix 3) plus `active-request-scorer` (2), which counts each request against its
+  pod at pick time so a burst spreads before the next scrape.
+- `reference`: the reference EPP's default (gie-epp.md §3.4) verbatim, for exact comparisons.
 
-Why the addition: the reference's scorers all read scraped metrics, which are up to one scrape
-interval old. Inside a burst every pod looks the same to them, the max-score picker breaks the
-tie at random, and requests pile up unevenly until the next scrape (llm-d-router#2515). This EPP
-counts a request against its endpoint the moment it is picked (`Endpoint.inflight_requests`), and
-`active-request-scorer` scores that exact count min-max over the candidates, so every pick makes
-the next one prefer another pod: a burst spreads evenly. Weight 2 equals the queue scorer's — the
-in-flight count is the fresh half of the same load signal. It outweighs a partial prefix match
-(prefix weight 3 × match ratio < 2 below a 2/3 match) but not a near-complete one, so identical
-prompts still stick to the pod that cached them until its scraped queue grows too.
-
-A GIE config given explicitly is used unchanged; only the no-config default differs.
+A GIE config given explicitly is used unchanged; only the no-config default differs from the
+reference. BENCHMARKS.md has the comparisons across workloads that chose the default.
 """
 
 from __future__ import annotations
+
+_DATA_LAYER = """\
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors: [{pluginRef: core-metrics-extractor}]
+"""
 
 REFERENCE_DEFAULT_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -33,13 +41,9 @@ schedulingProfiles:
   - {pluginRef: queue-scorer, weight: 2}
   - {pluginRef: kv-cache-utilization-scorer, weight: 2}
   - {pluginRef: prefix-cache-scorer, weight: 3}
-dataLayer:
-  sources:
-  - pluginRef: metrics-data-source
-    extractors: [{pluginRef: core-metrics-extractor}]
-"""
+""" + _DATA_LAYER
 
-DEFAULT_CONFIG = """\
+WEIGHTED_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -56,8 +60,30 @@ schedulingProfiles:
   - {pluginRef: kv-cache-utilization-scorer, weight: 2}
   - {pluginRef: prefix-cache-scorer, weight: 3}
   - {pluginRef: active-request-scorer, weight: 2}
-dataLayer:
-  sources:
-  - pluginRef: metrics-data-source
-    extractors: [{pluginRef: core-metrics-extractor}]
-"""
+""" + _DATA_LAYER
+
+PREDICTED_LATENCY_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: approx-prefix-cache-producer
+  parameters: {maxPrefixTokensToMatch: 131072}
+- type: predicted-latency-producer
+- type: slo-headroom-tier-filter
+- type: latency-scorer
+- type: metrics-data-source
+- type: core-metrics-extractor
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: slo-headroom-tier-filter}
+  - {pluginRef: latency-scorer}
+""" + _DATA_LAYER
+
+DEFAULT_CONFIG = PREDICTED_LATENCY_CONFIG
+DEFAULT_PRESET = "predicted-latency"
+PRESETS: dict[str, str] = {
+    "predicted-latency": PREDICTED_LATENCY_CONFIG,
+    "weighted": WEIGHTED_CONFIG,
+    "reference": REFERENCE_DEFAULT_CONFIG,
+}

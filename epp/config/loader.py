@@ -37,14 +37,11 @@ a default created in `LoadedConfig.injected` (with why), both printed by `epp ch
 --effective` and at `epp serve` start; a plugin that is configured but used by nothing, and any
 section that is ignored, is a warning (`LoadedConfig.warnings`, printed too).
 
-No config (`text=None`) means `epp.config.defaults.DEFAULT_CONFIG`: the reference's default
-(queue 2, kv-cache 2, prefix 3, max-score picker) **plus `active-request-scorer` with weight 2**.
-The reference's scorers read only scraped metrics, which are stale within a scrape interval, so a
-burst ties everywhere and lands unevenly. This EPP counts each request against its endpoint at
-pick time, and `active-request-scorer` turns that exact count into a min-max score, so each pick
-pushes the next request elsewhere and a burst spreads evenly. The queue scorer itself stays the
-reference's formula (scraped waiting queue), so explicit GIE configs behave as they do in GIE;
-the reference default is kept as `REFERENCE_DEFAULT_CONFIG` for exact comparisons.
+No config (`text=None`) means `epp.config.defaults.DEFAULT_CONFIG`, the `predicted-latency`
+preset: candidates are ranked by a predicted time to first token in seconds (see
+`predicted-latency-producer`), not by a weighted sum. Explicit GIE configs behave as they do in
+GIE; the reference's own default is the `reference` preset (`REFERENCE_DEFAULT_CONFIG`), and this
+project's previous weighted default the `weighted` preset.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from epp.config.defaults import DEFAULT_PRESET, PRESETS
 from epp.params import parse_duration
 
 
@@ -32,6 +33,7 @@ class Options:
     bind_address: str = "0.0.0.0"
     config_file: str = ""
     config_text: str = ""
+    config_preset: str = ""  # a named built-in configuration (epp.config.defaults.PRESETS)
     refresh_metrics_interval: float = 0.05
     refresh_prometheus_metrics_interval: float = 5.0
     metrics_staleness_threshold: float = 2.0
@@ -76,6 +78,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind-address", default=d.bind_address, help="address the servers listen on")
     parser.add_argument("--config-file", default="", help="EndpointPickerConfig YAML file")
     parser.add_argument("--config-text", default="", help="EndpointPickerConfig YAML text")
+    parser.add_argument("--config-preset", default="", choices=["", *PRESETS], metavar="NAME",
+                        help=f"a built-in configuration instead of a file: {', '.join(PRESETS)} "
+                             f"(default without any config: {DEFAULT_PRESET})")
     parser.add_argument("--refresh-metrics-interval", type=_duration, default=d.refresh_metrics_interval,
                         metavar="DURATION", help="model-server scrape period per endpoint (default 50ms)")
     parser.add_argument("--refresh-prometheus-metrics-interval", type=_duration,
@@ -137,6 +142,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> Options:
     values = {name: getattr(args, name) for name in Options.__dataclass_fields__ if hasattr(args, name)}
     options = Options(**values)
-    if options.config_file and options.config_text:
-        raise SystemExit("error: --config-file and --config-text are mutually exclusive")
+    if sum(bool(x) for x in (options.config_file, options.config_text, options.config_preset)) > 1:
+        raise SystemExit("error: --config-file, --config-text and --config-preset are mutually exclusive")
     return options

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 DEFAULT_CHARS_PER_TOKEN = 4.0  # the reference's estimate, until a response says otherwise
 DEFAULT_OUTPUT_TOKENS = 256.0
+DEFAULT_PROMPT_TOKENS = 512.0
 _MAX_MODELS = 64  # model names come from clients: a bounded table
 _MIN_SAMPLES = 8  # responses before the learned numbers are trusted
 
@@ -21,6 +22,7 @@ _MIN_SAMPLES = 8  # responses before the learned numbers are trusted
 class ModelStats:
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     mean_output_tokens: float = DEFAULT_OUTPUT_TOKENS
+    mean_prompt_tokens: float = DEFAULT_PROMPT_TOKENS
     samples: int = 0
 
     def expected_output(self, max_tokens: int | None) -> int:
@@ -40,6 +42,7 @@ class ModelStats:
         if prompt_tokens > 0 and prompt_chars > 0:
             ratio = min(16.0, max(0.5, prompt_chars / prompt_tokens))
             self.chars_per_token += alpha * (ratio - self.chars_per_token)
+            self.mean_prompt_tokens += alpha * (min(prompt_tokens, 1 << 20) - self.mean_prompt_tokens)
         if output_tokens >= 0:
             self.mean_output_tokens += alpha * (min(output_tokens, 1 << 20) - self.mean_output_tokens)
         self.samples += 1

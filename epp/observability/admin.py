@@ -48,7 +48,7 @@ def build_status(sources: StatusSources, decisions: int) -> admin_pb2.Status:
         requests_total=sources.trace.total,
     )
     for ep in store.endpoints():
-        m = ep.metrics
+        m, load, service = ep.metrics, ep.load, ep.service
         status.endpoints.append(admin_pb2.EndpointStatus(
             address=ep.address, name=ep.name, engine=ep.spec.engine or "default",
             waiting_queue_size=m.waiting_queue_size, running_requests=m.running_requests,
@@ -57,6 +57,11 @@ def build_status(sources: StatusSources, decisions: int) -> admin_pb2.Status:
             metrics_age_seconds=(now - m.update_time) if m.update_time > 0 else -1.0,
             scrape_error=ep.scrape_error, active_adapters=sorted(m.active_models),
             inter_token_latency_seconds=getattr(m, "inter_token_latency", 0.0),
+            queued_prefill_tokens=load.backlog_at(now), decoding_requests=load.decoding,
+            prefill_tokens_per_second=service.prefill_rate(load.decoding, load.context_tokens),
+            step_seconds=service.step_seconds(load.decoding, load.context_tokens),
+            step_scale=service.step_scale, prefill_scale=service.prefill_scale,
+            ttft_prediction_error=service.ttft_error, service_observations=service.observations,
         ))
     for q in sources.queues():
         status.queues.append(admin_pb2.QueueStatus(priority=q.priority, fairness_id=q.fairness_id,

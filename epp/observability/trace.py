@@ -67,9 +67,24 @@ class DecisionRecord:
                              "tiers": dict(value.tiers), "note": value.note})
         return rows
 
+    def predictions(self) -> list[dict[str, object]]:
+        """Per candidate, the predicted-latency producer's TTFT and its parts (empty when the
+        configuration predicts nothing)."""
+        if self.result is None:
+            return []
+        rows: list[dict[str, object]] = []
+        for address, p in self.result.cycle.predictions.items():
+            rows.append({"address": address, "ttft_ms": round(p.ttft * 1e3, 2), "cost_ms": round(p.cost * 1e3, 2),
+                         "queued_prefill": round(p.queued_prefill), "own_prefill": p.own_prefill,
+                         "cache_credit": p.cached_tokens, "prefill_ms": round(p.prefill_seconds * 1e3, 2),
+                         "wait_ms": round(p.wait_seconds * 1e3, 2), "itl_ms": round(p.itl * 1e3, 2),
+                         "prefix_source": p.prefix_source})
+        return rows
+
     def as_dict(self) -> dict[str, object]:
         return {
             "prefix": self.prefix(),
+            "predictions": self.predictions(),
             "request_id": self.request_id,
             "model": self.model,
             "target_model": self.target_model,
@@ -92,8 +107,12 @@ class DecisionRecord:
             return f"outcome={self.outcome};status={self.http_status}"
         rows = sorted(self.candidates(), key=lambda r: -r[1])[:limit]
         parts = [f"pick={','.join(self.targets)}"]
+        predictions = self.result.cycle.predictions
         for address, total, scores in rows:
             detail = ",".join(f"{name}={value:.2f}" for name, value in scores.items())
+            prediction = predictions.get(address)
+            if prediction is not None:
+                detail += "," + prediction.compact()
             parts.append(f"{address}={total:.2f}({detail})")
         for row in self.prefix():
             sources = row["sources"]

@@ -35,6 +35,9 @@ class PrefixMatch:
     tiers: dict[str, dict[str, int]] = field(default_factory=dict)  # address -> {tier: blocks} held off the GPU
     sources: dict[str, str] = field(default_factory=dict)  # address -> SOURCE_PRECISE | SOURCE_APPROXIMATE
     note: str = ""  # why the producer fell back, for the decision trace
+    # address -> cached prompt tokens this request's new blocks would evict there (its cache is
+    # believed full); absent: room left, or unknown.
+    evicted_tokens: dict[str, int] = field(default_factory=dict)
 
     def tokens(self, address: str) -> int:
         """Prompt tokens of cache credit on `address`: its tier-weighted matched blocks × tokens

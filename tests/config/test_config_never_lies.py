@@ -163,13 +163,18 @@ def test_check_config_prints_warnings_and_fails_on_them_with_strict(
 
 
 def test_check_config_effective_prints_every_default(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check-config", "--effective"]) == 0
+    assert main(["check-config", "--preset", "weighted", "--effective"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     injected = {p["name"]: p["injected"] for p in printed["plugins"] if "injected" in p}
     assert set(injected) == {"approx-prefix-cache-producer", "single-profile-handler", "max-score-picker",
                              "utilization-detector", "openai-parser"}
     assert [s["weight"] for s in printed["schedulingProfiles"][0]["scorers"]] == [2.0, 2.0, 3.0, 2.0]
     assert printed["flowControl"].startswith("off")
+    assert main(["check-config", "--effective"]) == 0  # the built-in default: predicted latency
+    printed = yaml.safe_load(capsys.readouterr().out)
+    injected = {p["name"]: p["injected"] for p in printed["plugins"] if "injected" in p}
+    assert set(injected) == {"single-profile-handler", "max-score-picker", "utilization-detector", "openai-parser"}
+    assert [s["weight"] for s in printed["schedulingProfiles"][0]["scorers"]] == [1.0]
 
 
 async def test_serve_logs_the_warnings_and_the_effective_config(caplog: pytest.LogCaptureFixture) -> None:

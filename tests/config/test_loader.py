@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.config.defaults import REFERENCE_DEFAULT_CONFIG
+from epp.config.defaults import PRESETS, REFERENCE_DEFAULT_CONFIG, WEIGHTED_CONFIG
 from epp.config.loader import load_config, load_config_file
 from epp.params import ConfigError
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
@@ -36,8 +36,26 @@ def weights(config, profile: str = "default") -> dict[str, float]:  # type: igno
 # -- defaults --
 
 
-def test_default_config() -> None:
+def test_default_config_is_predicted_latency() -> None:
     config = load_config(None, Datastore())
+    assert list(config.scheduler.profiles) == ["default"]
+    assert weights(config) == {"latency-scorer": 1.0}
+    profile = config.scheduler.profiles["default"]
+    assert [f.type for f in profile.filters] == ["slo-headroom-tier-filter"]
+    assert isinstance(profile.picker, MaxScorePicker) and profile.picker.max_endpoints == 1
+    prefix = config.plugins["approx-prefix-cache-producer"]
+    latency = config.plugins["predicted-latency-producer"]
+    # The prediction reads the prefix match: its producer runs first.
+    assert config.scheduler.producers == [prefix, latency]
+    assert isinstance(prefix, ApproxPrefixCacheProducer) and prefix.config.max_prefix_tokens == 131072
+    assert config.pre_request == [prefix] and config.response_complete == [prefix]
+    assert config.warnings == [] and config.parser == "openai-parser"
+    for preset in PRESETS.values():
+        load_config(preset, Datastore())
+
+
+def test_weighted_preset() -> None:
+    config = load_config(WEIGHTED_CONFIG, Datastore())
     assert list(config.scheduler.profiles) == ["default"]
     assert weights(config) == {"queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0, "prefix-cache-scorer": 3.0,
                                "active-request-scorer": 2.0}

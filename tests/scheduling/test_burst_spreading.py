@@ -1,8 +1,8 @@
-"""A burst between two scrapes: equal scraped metrics everywhere, only our in-flight count moves.
+"""A burst between two scrapes: equal scraped metrics everywhere, only our own accounting moves.
 
-The director counts a request against its endpoint at pick time; these tests play the director
-(increment `inflight_requests` after each pick, run the PreRequest hooks) and check the default
-configuration spreads the burst evenly, where the reference's default would not.
+The director counts a request against its endpoint at pick time (its in-flight count and its
+ledger of outstanding work); these tests send the burst through the real director and check the
+default configuration spreads it evenly, where the reference's default would not.
 """
 
 from __future__ import annotations
@@ -10,8 +10,12 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from epp.config.defaults import REFERENCE_DEFAULT_CONFIG
-from epp.config.loader import LoadedConfig, load_config
+import pytest
+
+import asyncio
+
+from epp.config.defaults import REFERENCE_DEFAULT_CONFIG, WEIGHTED_CONFIG
+from epp.core import build_core
 from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
 from epp.scheduling.framework import SchedulerProfile, WeightedScorer
 from epp.scheduling.plugins.active_request_scorer import ActiveRequestScorer
@@ -35,17 +39,18 @@ def pool() -> Datastore:
     return store
 
 
-def run_burst(config: LoadedConfig, store: Datastore, prompts: list[str]) -> Counter[str]:
-    """Schedule every prompt before any scrape or response, as the director would."""
-    counts: Counter[str] = Counter()
-    for prompt in prompts:
-        req = request(prompt)
-        result = config.scheduler.schedule(req, list(store.endpoints()))
-        result.primary.inflight_requests += 1  # the director's pick-time accounting
-        for plugin in config.pre_request:
-            plugin.pre_request(req, result)
-        counts[result.primary.address] += 1
-    return counts
+def run_burst(config_text: str | None, store: Datastore, prompts: list[str]) -> Counter[str]:
+    """Send every prompt through the director before any scrape or response."""
+    core = build_core(store, config_text, tick=0.05, seed=0)
+
+    async def burst() -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for prompt in prompts:
+            decision, _ = await core.director.handle_request(request(prompt))
+            counts[decision.targets[0].address] += 1
+        return counts
+
+    return asyncio.run(burst())
 
 
 def distinct_prompts() -> list[str]:
@@ -72,15 +77,17 @@ def test_active_request_scorer_alone_spreads_a_burst() -> None:
     assert sorted(counts.values()) == [BURST // PODS] * PODS
 
 
-def test_default_config_spreads_a_burst_of_distinct_prompts() -> None:
+@pytest.mark.parametrize("config", [None, WEIGHTED_CONFIG], ids=["default", "weighted"])
+def test_default_config_spreads_a_burst_of_distinct_prompts(config: str | None) -> None:
     store = pool()
-    counts = run_burst(load_config(None, store), store, distinct_prompts())
+    counts = run_burst(config, store, distinct_prompts())
     assert sorted(counts.values()) == [BURST // PODS] * PODS
 
 
-def test_default_config_spreads_a_burst_sharing_a_system_prompt() -> None:
+@pytest.mark.parametrize("config", [None, WEIGHTED_CONFIG], ids=["default", "weighted"])
+def test_default_config_spreads_a_burst_sharing_a_system_prompt(config: str | None) -> None:
     store = pool()
-    counts = run_burst(load_config(None, store), store, shared_prefix_prompts())
+    counts = run_burst(config, store, shared_prefix_prompts())
     assert sorted(counts.values()) == [BURST // PODS] * PODS
 
 
@@ -88,12 +95,21 @@ def test_reference_default_piles_a_shared_prefix_burst_onto_one_pod() -> None:
     # Why the default differs: with only scraped signals, the first pick's prefix entry makes
     # that pod the best choice for the whole burst.
     store = pool()
-    counts = run_burst(load_config(REFERENCE_DEFAULT_CONFIG, store), store, shared_prefix_prompts())
+    counts = run_burst(REFERENCE_DEFAULT_CONFIG, store, shared_prefix_prompts())
     assert list(counts.values()) == [BURST]
 
 
-def test_identical_prompts_keep_cache_affinity_under_the_default() -> None:
+def test_identical_prompts_keep_cache_affinity_under_the_weighted_preset() -> None:
     # A near-complete prefix match (weight 3) outweighs a one-request in-flight difference (2).
     store = pool()
-    counts = run_burst(load_config(None, store), store, [SYSTEM + "same question"] * 3)
+    counts = run_burst(WEIGHTED_CONFIG, store, [SYSTEM + "same question"] * 3)
+    assert list(counts.values()) == [3]
+
+
+def test_a_long_shared_document_keeps_its_followers_under_the_default() -> None:
+    """Requests after the first reuse the 8k-token document where it is (or is being) cached: a
+    second copy elsewhere costs that pod the whole prefill again, for no faster answer."""
+    store = pool()
+    document = "D" * (8192 * 4)
+    counts = run_burst(None, store, [document + f" question {i}" for i in range(3)])
     assert list(counts.values()) == [3]

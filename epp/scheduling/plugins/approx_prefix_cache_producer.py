@@ -180,7 +180,25 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         )
 
     def prepare(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
-        cycle.data[self.name] = self.lookup(request, endpoints)
+        match = self.lookup(request, endpoints)
+        self._evictions(match, request, endpoints)
+        cycle.data[self.name] = match
+
+    def _evictions(self, match: PrefixMatch, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
+        """Per endpoint, the cached prompt tokens this request would push out of its KV cache:
+        what its new blocks need beyond the room the index believes is left (a full cache evicts
+        some other prompt's prefix, which its next request pays for)."""
+        tpb = match.tokens_per_block or float(match.block_size_tokens)
+        footprint = int(self._footprint_tokens(request, len(request.prompt)) / tpb)
+        index, matched, evicted = self.index, match.matched, match.evicted_tokens
+        for ep in endpoints:
+            weight = index.server_weight(ep.address)
+            if not weight:
+                continue
+            new = footprint - matched.get(ep.address, 0)
+            over = weight + new - self.lru_capacity(ep, tpb)
+            if over > 0:
+                evicted[ep.address] = int(min(over, new) * tpb)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         primary = result.profiles.get(result.primary_profile)

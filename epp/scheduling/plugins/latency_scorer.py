@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from epp.plugin import PluginContext
 
 _FLOOR = 1e-4  # seconds: predictions below this are equal
+_WORK_TIE = 1e-3  # how far apart tied candidates' scores are set by their work
 
 
 class LatencyScorer(Scorer):
@@ -67,8 +68,15 @@ class LatencyScorer(Scorer):
         found = [predictions.get(ep.address) for ep in endpoints]
         if any(p is None for p in found):
             return [0.0] * len(endpoints)
-        ttfts = [max(_FLOOR, p.cost) for p in found]  # type: ignore[union-attr]
-        scores = _relative(ttfts, self.tie_tolerance)
+        costs = [max(_FLOOR, p.cost) for p in found]  # type: ignore[union-attr]
+        scores = _relative(costs, self.tie_tolerance)
+        # Among the candidates that tie, the one the pick costs least work (a cached prefix
+        # rather than a second copy of it) wins; exact ties stay ties, for the picker's coin.
+        tied = [i for i, v in enumerate(scores) if v == 1.0]
+        if len(tied) > 1:
+            most = max(found[i].work_seconds for i in tied) or 1.0  # type: ignore[union-attr]
+            for i in tied:
+                scores[i] = 1.0 - _WORK_TIE * found[i].work_seconds / most  # type: ignore[union-attr]
         w = self.tpot_weight
         if w > 0.0:
             itls = [max(_FLOOR, p.itl) for p in found]  # type: ignore[union-attr]

@@ -44,7 +44,7 @@ import math
 from typing import TYPE_CHECKING
 
 from epp.api.request import InferenceRequest
-from epp.datastore import Datastore, Endpoint, StepCosts
+from epp.datastore import Datastore, Endpoint, ModelStats, StepCosts
 from epp.params import Params
 from epp.scheduling.framework import CycleState, DataProducer, Plugin
 from epp.scheduling.plugins._requires import unique_name
@@ -147,8 +147,8 @@ class PredictedLatencyProducer(DataProducer):
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         predictions = cycle.predictions
         for ep in endpoints:
-            predictions[ep.address] = self.predict(ep, match, prompt, output, now, stats.mean_output_tokens, source,
-                                                   arrivals, request.target_model)
+            predictions[ep.address] = self.predict(ep, match, prompt, output, now, stats, source, arrivals,
+                                                   request.target_model)
 
     def _arrival_rate(self, now: float) -> float:
         """Requests per second reaching the pool, counting this one."""
@@ -158,8 +158,9 @@ class PredictedLatencyProducer(DataProducer):
         return self._rate
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
-                mean_output: float, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
+                stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
         load, service, metrics = ep.load, ep.service, ep.metrics
+        mean_output = stats.mean_output_tokens
         prior = service.prior
         cached = min(match.tokens(ep.address), prompt - 1) if match is not None else 0
         own = prompt - cached
@@ -168,12 +169,12 @@ class PredictedLatencyProducer(DataProducer):
         # Traffic the ledger cannot explain (other replicas, clients bypassing the gateway): what
         # the last scrape showed beyond the EPP's own requests of that moment.
         unexplained = max(0, metrics.waiting_queue_size + metrics.running_requests - load.requests_at_scrape)
-        if unexplained:
+        if unexplained:  # about the model's usual request each
             decoding += unexplained
-            context += unexplained * (prompt + mean_output * 0.5)
+            context += unexplained * (stats.mean_prompt_tokens + mean_output * 0.5)
         queued = load.backlog_at(now)
         if metrics.waiting_queue_size > load.pending_at_scrape:
-            queued += (metrics.waiting_queue_size - load.pending_at_scrape) * prompt
+            queued += (metrics.waiting_queue_size - load.pending_at_scrape) * stats.mean_prompt_tokens
         pairs = load.prefill_pairs + own * (cached + own * 0.5)
         estimate = service.ttft(queued + own, pairs, decoding, context)
         wait = self._slot_wait(ep, decoding, context, output, mean_output, unexplained)
@@ -182,7 +183,7 @@ class PredictedLatencyProducer(DataProducer):
         step = service.step_seconds(decoding + 1.0, context + prompt)
         itl = step + service.prefill_scale * prior.per_prefill_token * min(queued, prior.max_batched_tokens)
         # What the pick costs the requests that reach the pod after it, in seconds of their TTFT.
-        # While it decodes (output × itl) every step is longer by its share, and each request
+        # While it decodes every step is longer by its share, and each request
         # arriving meanwhile waits `_STEPS_PER_TTFT` steps; its prefill delays the ones that queue
         # behind it. A busy pod amplifies both: what slows it keeps more requests in it longer
         # (utilisation u: the pod-seconds of work per second lately sent there).
@@ -192,7 +193,13 @@ class PredictedLatencyProducer(DataProducer):
         work = own_seconds + output * share
         u = min(_MAX_UTILIZATION, load.utilization_at(now))
         arrivals = max(load.rate_at(now), arrivals_per_pod)
-        externality = (_STEPS_PER_TTFT * share * arrivals * output * itl + own_seconds * u) / (1.0 - u)
+        lifetime = output * step  # its decode, at the pod's steady step (the queued prefill passes)
+        externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
+        # A full cache evicts some other prompt's prefix for this one's new blocks: that prompt's
+        # next request pays the prefill again.
+        evicted = match.evicted_tokens.get(ep.address, 0) if match is not None else 0
+        if evicted:
+            externality += service.prefill_scale * prior.per_prefill_token * evicted
         ttft = estimate.seconds + wait
         return Prediction(
             ttft=ttft,
