@@ -89,8 +89,14 @@ class Scheduler:
                 reason="no_candidates",
             )
         cycle = CycleState()
+        timer = self.timer
         for producer in self.producers:
+            if timer is None:
+                producer.prepare(cycle, request, candidates)
+                continue
+            start = time.perf_counter()
             producer.prepare(cycle, request, candidates)
+            timer("PrepareData", producer, time.perf_counter() - start)
         results: dict[str, ProfileResult | None] = {}
         while True:
             chosen = self.handler.pick_profiles(cycle, request, self.profiles, results)

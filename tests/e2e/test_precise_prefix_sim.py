@@ -92,12 +92,26 @@ async def running() -> AsyncIterator[tuple[list[SimPod], EndpointPicker, EnvoyPr
         await stop_pods(pods)
 
 
+async def subscribed(session: aiohttp.ClientSession, pods: list[SimPod], index) -> None:  # type: ignore[no-untyped-def]
+    """Until every pod's events reach the index: a ZMQ PUB drops what it sends before the SUB's
+    subscription has reached it (vLLM's publisher too), so warm each pod until one gets through."""
+    deadline = asyncio.get_running_loop().time() + 20.0
+    attempt = 0
+    for pod in pods:
+        while index.engine_blocks(pod.address) == 0:
+            assert asyncio.get_running_loop().time() < deadline, "no event reached the index"
+            attempt += 1  # a new prompt each time: a cached one would publish nothing
+            await post(session, pod.url, list(range(1000 + attempt * 32, 1000 + attempt * 32 + 32)))
+            await asyncio.sleep(0.05)
+
+
 async def test_simulated_pods_events_reach_the_index_and_a_reset_clears_it() -> None:
     async with running() as (pods, picker, envoy), aiohttp.ClientSession() as session:
         index = picker.core.precise_producers[0].index
+        await subscribed(session, pods, index)
         for pod in pods:
             await post(session, pod.url, list(range(100, 420)))  # 20 blocks each, directly
-        await until(lambda: all(index.engine_blocks(p.address) >= 20 for p in pods))
+        await until(lambda: all(index.engine_blocks(p.address) >= 22 for p in pods))
         await post(session, envoy.url, list(range(100, 420)) + [7])
         match = picker.trace.latest(1)[0].result.cycle.data["precise-prefix-cache-producer"]
         assert set(match.sources.values()) == {"precise"}  # every pod is heard, by its topic

@@ -36,7 +36,7 @@ async def test_metrics_after_traffic_through_envoy() -> None:
                     assert r.status == 200
                     decision = r.headers.get("x-epp-decision", "")
                     assert decision.startswith("pick=127.0.0.1:"), decision
-                    assert "prefix-cache-scorer=" in decision
+                    assert "latency-scorer=" in decision and "ttft=" in decision
             async with session.post(f"{stack.url}/v1/completions", data=b"{bad json") as r:
                 assert r.status == 400
             await asyncio.sleep(0.2)  # at least one scrape of every pod
@@ -51,7 +51,8 @@ async def test_metrics_after_traffic_through_envoy() -> None:
     assert {s.labels["pod_name"] for s in attempts} <= {p.address for p in stack.pods}
     assert fams["inference_extension_scheduler_e2e_duration_seconds"].samples
     plugin_types = {s.labels["plugin_type"] for s in fams["inference_extension_plugin_duration_seconds"].samples}
-    assert {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer", "max-score-picker"} <= plugin_types
+    assert {"latency-scorer", "predicted-latency-producer", "approx-prefix-cache-producer", "max-score-picker",
+            "slo-headroom-tier-filter"} <= plugin_types
     assert next(s.value for s in fams["inference_pool_ready_pods"].samples) == 2
     ages = [s.value for s in fams["inference_pool_endpoint_metrics_age_seconds"].samples]
     assert len(ages) == 2 and all(0 <= a < 2 for a in ages)
