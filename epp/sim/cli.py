@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=sim.default_max_tokens)
     parser.add_argument("--mean-output-tokens", type=float, default=sim.mean_output_tokens,
                         help="mean output length when ignore_eos is not set")
+    parser.add_argument("--tokenizer", default=sim.tokenizer, metavar="bpe|tiny|chars4|DIR",
+                        help=f"how prompts become tokens (default {sim.tokenizer}: the project's byte-level "
+                             "BPE; tiny: the vLLM captures' model; chars4: 4 characters per token; DIR: a "
+                             "directory with a tokenizer.json and its chat template)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -65,7 +69,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
     cfg = SimConfig(model=args.model, lora_adapters=loras, time_scale=args.time_scale,
                     seed=args.seed, default_max_tokens=args.default_max_tokens,
-                    mean_output_tokens=args.mean_output_tokens, engine=engine)
+                    mean_output_tokens=args.mean_output_tokens, engine=engine, tokenizer=args.tokenizer)
     cfg.validate()
     return cfg
 
@@ -92,7 +96,7 @@ async def _serve(cfg: SimConfig, n: int, base_port: int, host: str) -> None:
     pods = await start_pods(n, base_port=base_port, host=host, config=cfg)
     try:
         for pod in pods:
-            print(f"{pod.name} {pod.url} model={cfg.model}", flush=True)
+            print(f"{pod.name} {pod.url} model={cfg.model} tokenizer={cfg.tokenizer}", flush=True)
         await stop.wait()
     finally:
         await stop_pods(pods)
