@@ -212,6 +212,7 @@ def parse_request(raw: bytes, kind: Kind, served_model: str, adapters: tuple[str
     _float(body, "temperature", errors)
     _float(body, "top_p", errors)
     stream = _bool(body, "stream", errors, "body.stream", False)
+    add_generation_prompt = _bool(body, "add_generation_prompt", errors, "body.add_generation_prompt", True)
     ignore_eos = _bool(body, "ignore_eos", errors, "body.ignore_eos", False)
     include_usage = False
     opts = body.get("stream_options")
@@ -246,7 +247,7 @@ def parse_request(raw: bytes, kind: Kind, served_model: str, adapters: tuple[str
     raw_ids: list[int] | None = None
     if kind == "chat":
         try:
-            text = tokenizer.render_chat(messages)
+            text = tokenizer.render_chat(messages, add_generation_prompt)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), "BadRequestError", None) from None
     elif isinstance(prompt, str):

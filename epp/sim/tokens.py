@@ -78,12 +78,12 @@ class Tokenizer:
         """Ids of each text, without special tokens."""
         return [self.encode(t, add_special_tokens=False) for t in texts]
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The chat prompt text (to be encoded with add_special_tokens=False)."""
         raise NotImplementedError
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> array:
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+    def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> array:
+        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
 
 class HfTokenizer(Tokenizer):
@@ -168,10 +168,11 @@ class HfTokenizer(Tokenizer):
             out.append((array("i", e.ids), [start for start, _ in e.offsets]))
         return out
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if self.chat_template is None:
             raise ChatTemplateError(NO_CHAT_TEMPLATE)
-        return render_chat(self.chat_template, messages, self.bos_token, self.eos_token)
+        return render_chat(self.chat_template, messages, self.bos_token, self.eos_token,
+                           add_generation_prompt=add_generation_prompt)
 
 
 class Chars4Tokenizer(Tokenizer):
@@ -203,8 +204,9 @@ class Chars4Tokenizer(Tokenizer):
                 ids.append(0x7F000000 | (_hash(token.encode()) & 0xFFFFFF))
         return ids
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
-        return render_chat(self.chat_template, messages, self.bos_token, "<|eot_id|>")
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        return render_chat(self.chat_template, messages, self.bos_token, "<|eot_id|>",
+                           add_generation_prompt=add_generation_prompt)
 
 
 def _ascii_ids(text: str) -> array:

@@ -471,3 +471,11 @@ async def test_cache_salt_is_validated_and_splits_the_prefix_cache(http: aiohttp
         assert await hits("bob") == 48  # another salt: nothing shared
         assert await hits(None) == 48
         assert await hits(None) == 96
+
+
+async def test_chat_without_generation_prompt(pod: SimPod, http: aiohttp.ClientSession) -> None:
+    body = {"messages": [{"role": "user", "content": "hello the quick brown fox"}], "max_tokens": 2}
+    async with http.post(pod.url + "/v1/chat/completions", json={**body, "add_generation_prompt": False}) as r:
+        assert (await r.json())["usage"]["prompt_tokens"] == 7  # no "assistant :" at the end
+    async with http.post(pod.url + "/v1/chat/completions", json=body) as r:
+        assert (await r.json())["usage"]["prompt_tokens"] == 9
