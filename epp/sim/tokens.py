@@ -41,7 +41,8 @@ DEFAULT_TOKENIZER = "bpe"
 NO_CHAT_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you "
                     "must provide a chat template if the tokenizer does not define one.")
 _OUTPUT_VOCAB = 2048  # single-token words generated text is drawn from
-_ENCODE_CACHE = 256  # repeated prompt texts remembered per tokenizer
+_ENCODE_CACHE = 256  # repeated prompt texts remembered per tokenizer ...
+_ENCODE_CACHE_CHARS = 65536  # ... when they are no longer than this (memory stays bounded)
 _hash = xxhash.xxh3_64_intdigest
 
 
@@ -153,9 +154,10 @@ class HfTokenizer(Tokenizer):
             self._cache.move_to_end(key)
             return cached
         ids = array("i", self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
-        self._cache[key] = ids
-        if len(self._cache) > _ENCODE_CACHE:
-            self._cache.popitem(last=False)
+        if len(text) <= _ENCODE_CACHE_CHARS:
+            self._cache[key] = ids
+            if len(self._cache) > _ENCODE_CACHE:
+                self._cache.popitem(last=False)
         return ids
 
     def encode_many(self, texts: Sequence[str]) -> list[array]:
