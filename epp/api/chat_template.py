@@ -11,13 +11,17 @@ content format) unless the template iterates over the parts itself ("openai" for
 text is then tokenized *without* adding special tokens (the template writes them).
 
 The template comes from `chat_template.jinja` beside the tokenizer, or the `chat_template` entry
-of `tokenizer_config.json`. (Our own small renderer: no Transformers dependency.)
+of `tokenizer_config.json`. (Our own small renderer: no Transformers dependency.) The EPP's
+`token-producer` and the simulator's tokenizers both render with it, so the simulated engines and
+the EPP agree on what a chat request's prompt is.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -104,3 +108,32 @@ class ChatTemplate:
         elif content is None:
             out["content"] = ""
         return out
+
+
+def message_text(content: object) -> str:
+    """A message's content in vLLM's "string" format: text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content
+                          if isinstance(p, dict) and p.get("type") in ("text", "input_text"))
+    return ""
+
+
+@functools.lru_cache(maxsize=32)
+def compile_template(source: str) -> ChatTemplate:
+    """The compiled template (cached: a server uses one or two templates for its lifetime)."""
+    return ChatTemplate(source)
+
+
+def render_chat(template: str, messages: Sequence[Mapping[str, Any]], bos_token: str = "",
+                eos_token: str = "", *, add_generation_prompt: bool = True, **variables: Any) -> str:
+    """The prompt text `template` makes of `messages` (to be tokenized without special tokens)."""
+    try:
+        return compile_template(template).render([dict(m) for m in messages],
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 bos_token=bos_token, eos_token=eos_token, **variables)
+    except ChatTemplateError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise ChatTemplateError(f"chat template failed: {exc}") from None

@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM's flag: publish KV-cache events over ZMQ, e.g. "
                              '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
                              '"topic": "kv@{ip}:{port}@{model}"}\' (pod i binds port+i; see epp/sim/README.md)')
+    parser.add_argument("--tokenizer", default=sim.tokenizer, metavar="bpe|tiny|chars4|DIR",
+                        help=f"how prompts become tokens (default {sim.tokenizer}: the project's byte-level "
+                             "BPE; tiny: the vLLM captures' model; chars4: 4 characters per token; DIR: a "
+                             "directory with a tokenizer.json and its chat template)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -74,7 +78,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
     cfg = SimConfig(model=args.model, lora_adapters=loras, time_scale=args.time_scale,
                     seed=args.seed, default_max_tokens=args.default_max_tokens,
-                    mean_output_tokens=args.mean_output_tokens, engine=engine, server=args.engine)
+                    mean_output_tokens=args.mean_output_tokens, engine=engine, server=args.engine,
+                    tokenizer=args.tokenizer)
     cfg.validate()
     return cfg
 
@@ -134,7 +139,7 @@ async def _serve(cfg: SimConfig, n: int, base_port: int, host: str, kv_events: K
                 if pub.replay_endpoint:
                     extra += f" replay={pub.replay_endpoint}"
             engine = f" engine={cfg.server}" if cfg.server != "vllm" else ""
-            print(f"{pod.name} {pod.url} model={cfg.model}{engine}{extra}", flush=True)
+            print(f"{pod.name} {pod.url} model={cfg.model} tokenizer={cfg.tokenizer}{engine}{extra}", flush=True)
         await stop.wait()
     finally:
         await stop_pods(pods)

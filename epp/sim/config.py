@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from epp.sim.steptime import DEFAULT_PROFILE, StepTimeModel, kv_capacity_blocks
+from epp.sim.tokens import DEFAULT_TOKENIZER, load_tokenizer
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 # "mixed": vLLM v1 / Sarathi-style work-conserving batches of decodes plus prefill chunks.
@@ -94,6 +95,9 @@ class SimConfig:
     mean_output_tokens: float = 128.0
     engine: EngineConfig = field(default_factory=EngineConfig)
     server: ServerKind = "vllm"  # "tgi": Hugging Face TGI's API and metrics (epp.sim.tgi_server)
+    # How prompts become tokens: "bpe", "tiny", "chars4" or a directory with a tokenizer.json
+    # (epp.sim.tokens.load_tokenizer).
+    tokenizer: str = DEFAULT_TOKENIZER
 
     def validate(self) -> None:
         self.engine.validate()
@@ -107,3 +111,4 @@ class SimConfig:
             raise ValueError("a LoRA adapter cannot have the served model's name")
         if self.default_max_tokens <= 0 or self.mean_output_tokens < 1:
             raise ValueError("default_max_tokens must be > 0 and mean_output_tokens >= 1")
+        load_tokenizer(self.tokenizer)  # ValueError with the reason if it cannot be loaded

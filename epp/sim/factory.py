@@ -1,30 +1,36 @@
 """Builds engine Requests from prompts, chat messages or bare token counts.
 
 One place decides how text becomes tokens and blocks and how long the output is, so the HTTP pods
-and a virtual-time cluster see identical requests for identical input.
+and a virtual-time cluster see identical requests for identical input. Text is tokenized with the
+pod's tokenizer as vLLM does it (`epp.sim.tokens`): a completion prompt with the tokenizer's
+special tokens, a chat with its template; the prompt's block hashes are vLLM's, from the ids
+(`epp.sim.block_hash`), with the adapter and `cache_salt` in them.
 """
 
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import xxhash
 
+from epp.sim.block_hash import hash_blocks
 from epp.sim.config import SimConfig
 from epp.sim.generation import OutputSampler
 from epp.sim.request import Request
-from epp.sim.tokens import (count_text_tokens, namespace_seed, render_chat, text_block_hashes,
-                            token_id_block_hashes)
+from epp.sim.tokens import Tokenizer, load_tokenizer, namespace_seed
 
 
 class RequestFactory:
     """Makes Requests for one pod (or one simulated engine) with seeded output lengths."""
 
-    __slots__ = ("config", "_sampler", "_seeds", "_ids")
+    __slots__ = ("config", "tokenizer", "_sampler", "_seeds", "_ids")
 
-    def __init__(self, config: SimConfig, seed: int | None = None) -> None:
+    def __init__(self, config: SimConfig, seed: int | None = None, tokenizer: Tokenizer | None = None) -> None:
         self.config = config
+        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer)
         self._sampler = OutputSampler(config.mean_output_tokens, config.seed if seed is None else seed)
         self._seeds: dict[str, int] = {}
         self._ids = itertools.count()
@@ -42,22 +48,28 @@ class RequestFactory:
 
     def from_text(self, text: str, *, max_tokens: int | None = None, ignore_eos: bool = False,
                   priority: int = 0, lora: str | None = None, arrival_time: float = 0.0,
-                  request_id: str | None = None) -> Request:
-        """A completion of a text prompt (4 characters per token)."""
-        n = count_text_tokens(text)
-        hashes = text_block_hashes(text, self.config.engine.block_size, self.seed_for(lora))
-        return self._make(n, hashes, max_tokens, ignore_eos, priority, lora, arrival_time, request_id)
+                  request_id: str | None = None, cache_salt: str | None = None) -> Request:
+        """A completion of a text prompt (tokenized with the tokenizer's special tokens, e.g. BOS)."""
+        return self.from_token_ids(self.tokenizer.encode(text, add_special_tokens=True), max_tokens=max_tokens,
+                                   ignore_eos=ignore_eos, priority=priority, lora=lora,
+                                   arrival_time=arrival_time, request_id=request_id, cache_salt=cache_salt)
 
-    def from_token_ids(self, ids: Sequence[int], *, max_tokens: int | None = None,
+    def from_token_ids(self, ids: Sequence[int] | array, *, max_tokens: int | None = None,
                        ignore_eos: bool = False, priority: int = 0, lora: str | None = None,
-                       arrival_time: float = 0.0, request_id: str | None = None) -> Request:
-        hashes = token_id_block_hashes(ids, self.config.engine.block_size, self.seed_for(lora))
-        return self._make(len(ids), hashes, max_tokens, ignore_eos, priority, lora, arrival_time,
-                          request_id)
+                       arrival_time: float = 0.0, request_id: str | None = None,
+                       cache_salt: str | None = None) -> Request:
+        """A completion of a prompt given as token ids (used as given)."""
+        prompt = ids if isinstance(ids, array) and ids.typecode == "i" else array("i", ids)
+        hashes = hash_blocks(prompt, self.config.engine.block_size, lora=lora, cache_salt=cache_salt)
+        req = self._make(len(prompt), hashes, max_tokens, ignore_eos, priority, lora, arrival_time,
+                         request_id)
+        req.prompt_token_ids = prompt
+        req.cache_salt = cache_salt
+        return req
 
-    def from_messages(self, messages: Sequence[dict[str, object]], **kw: object) -> Request:
-        """A chat completion: the messages rendered with a Llama-3-style template."""
-        return self.from_text(render_chat(messages), **kw)  # type: ignore[arg-type]
+    def from_messages(self, messages: Sequence[dict[str, Any]], **kw: Any) -> Request:
+        """A chat completion: the messages rendered with the tokenizer's chat template."""
+        return self.from_token_ids(self.tokenizer.encode_chat(messages), **kw)
 
     def synthetic(self, prompt_len: int, output_len: int, *, prefix_len: int = 0,
                   prefix_key: int = 0, priority: int = 0, lora: str | None = None,

@@ -1,24 +1,19 @@
 """What the simulated model "generates": output lengths and token text.
 
 Lengths come from a seeded geometric distribution (a memoryless end-of-sequence), capped by
-max_tokens; with ignore_eos the output is always max_tokens long. Each token is a space plus a
-three-letter word, i.e. exactly 4 characters, so generated text re-tokenises to the same count.
+max_tokens; with ignore_eos the output is always max_tokens long. Each generated token is one of
+the tokenizer's single-token words (`Tokenizer.output_vocab`, e.g. " w1282" for the captures'
+tiny model, a frequent word for the BPE), so generated text re-tokenizes to the number of tokens
+generated, and a request's output is a pure function of its salt: the HTTP pod's response, a
+stream's pieces and the next chat turn's history all agree.
 """
 
 from __future__ import annotations
 
 import math
 import random
-
-_WORDS = (
-    "the and for are but not you all any can her was one our out day get has him his how man new "
-    "now old see two way who boy did its let put say she too use art bed big box cat cup dog ear "
-    "eye fox fun hat ice jam key leg map net owl pen red sea sky sun tea top van web yes zoo arm "
-    "bag bus car cow fan gas hen ink job kid lab mud oak pig rat row saw toy war wax"
-).split()
-VOCAB: tuple[str, ...] = tuple(" " + w for w in _WORDS)
-_V = len(VOCAB)
-
+from array import array
+from collections.abc import Sequence
 
 class OutputSampler:
     """Seeded output-length draws for one pod."""
@@ -43,13 +38,23 @@ class OutputSampler:
         return self._rng.getrandbits(63)
 
 
-def token_text(salt: int, start: int, stop: int) -> str:
-    """Text of output tokens [start, stop) of the request with this salt."""
-    base = salt % _V
+def _picks(salt: int, start: int, stop: int, n: int) -> list[int]:
+    """Indexes into an n-word vocabulary of output tokens [start, stop)."""
+    base = salt % n
     mult = 1 + 2 * ((salt >> 16) % 37)  # odd stride, so consecutive tokens vary
-    return "".join([VOCAB[(base + i * mult) % _V] for i in range(start, stop)])
+    return [(base + i * mult) % n for i in range(start, stop)]
 
 
-def token_piece(salt: int, i: int) -> str:
+def token_text(salt: int, start: int, stop: int, vocab: Sequence[str]) -> str:
+    """Text of output tokens [start, stop) of the request with this salt."""
+    return "".join([vocab[k] for k in _picks(salt, start, stop, len(vocab))])
+
+
+def token_ids(salt: int, start: int, stop: int, ids: array) -> array:
+    """The token ids of the same tokens (`ids` parallel to the vocab given to `token_text`)."""
+    return array("i", [ids[k] for k in _picks(salt, start, stop, len(ids))])
+
+
+def token_piece(salt: int, i: int, vocab: Sequence[str]) -> str:
     """Text of output token i alone (for streaming one token per event)."""
-    return VOCAB[(salt % _V + i * (1 + 2 * ((salt >> 16) % 37))) % _V]
+    return vocab[_picks(salt, i, i + 1, len(vocab))[0]]

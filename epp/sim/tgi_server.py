@@ -18,7 +18,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from aiohttp import web
 
 from epp.sim.config import SimConfig
@@ -67,11 +67,16 @@ class TgiRouter:
 
     def __init__(self, pod: SimPod) -> None:
         self.pod = pod
-        self.limits = Limits.for_model_len(pod.config.engine.max_model_len)
+        self.limits = Limits.for_model_len(pod.config.engine.max_model_len, pod.factory.tokenizer)
         self.in_flight = 0  # requests holding one of the max_concurrent_requests permits
         # Top-level body keys TGI ignored (serde skips unknown fields), e.g. a `priority`: TGI has none.
         self.ignored_fields: Counter[str] = Counter()
         self._rng = random.Random(pod.config.seed ^ 0x7617)
+
+    @property
+    def vocab(self) -> Sequence[str]:
+        """Single-token words the pod's generated text is made of (re-tokenizes exactly)."""
+        return self.pod.factory.tokenizer.output_vocab
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[_axum_errors])
@@ -109,7 +114,7 @@ class TgiRouter:
         lora = gen.adapter_id if gen.adapter_id in pod.config.lora_adapters else None  # else the base model
         req = pod._make_request(ParsedRequest(
             kind="completion", model=lora or pod.config.model, lora=lora, prompt_text=gen.inputs,
-            prompt_ids=None, prompt_tokens=gen.input_length, max_tokens=gen.max_new_tokens, ignore_eos=False,
+            prompt_ids=gen.input_ids, prompt_tokens=gen.input_length, max_tokens=gen.max_new_tokens, ignore_eos=False,
             stream=stream, include_usage=False, priority=0))
         req.user_data = _Waiter(stream)
         pod.engine.add_request(req)
@@ -174,10 +179,10 @@ class TgiRouter:
                 self._release(req)
             metrics.request_succeeded(req)
             n = req.num_output_tokens
-            text = token_text(req.salt, 0, n)
+            text = token_text(req.salt, 0, n, self.vocab)
             if (body.get("parameters") or {}).get("return_full_text"):
                 text = gen.inputs + text
-            details = out.details(req.finish_reason, n, self._seed(gen), req.salt) if gen.details else None
+            details = out.details(req.finish_reason, n, self._seed(gen), req.salt, self.pod.factory.tokenizer) if gen.details else None
             return web.Response(body=out.generate_body(text, details), content_type=_JSON,
                                 headers=self._timings(gen, req))
 
@@ -230,10 +235,10 @@ class TgiRouter:
                         last = req.is_finished and i == n - 1
                         if last:
                             metrics.request_succeeded(req)
-                        text = ((gen.inputs if full_text else "") + token_text(req.salt, 0, n)) if last else None
+                        text = ((gen.inputs if full_text else "") + token_text(req.salt, 0, n, self.vocab)) if last else None
                         details = (out.stream_details(req.finish_reason, n, self._seed(gen), gen.input_length)
                                    if last and gen.details else None)
-                        events.append(out.stream_event(i + 1, out.token(req.salt, i), text, details))
+                        events.append(out.stream_event(i + 1, out.token(req.salt, i, self.pod.factory.tokenizer), text, details))
                     sent = n
                     if events:
                         await resp.write(b"".join(events))
@@ -248,7 +253,7 @@ class TgiRouter:
         with self._tracked():
             raw = await request.read()
             try:
-                chat = parse_chat(raw, request.headers.get("Content-Type", ""))
+                chat = parse_chat(raw, request.headers.get("Content-Type", ""), self.limits.tokenizer)
             except Rejection as e:
                 return _text(e)
             self._note_ignored(chat.ignored)
@@ -279,7 +284,7 @@ class TgiRouter:
                 async for n in self._tokens(req):
                     if resp is None:
                         continue
-                    events = [out.chat_chunk(created, model, out.token(req.salt, i)["text"],
+                    events = [out.chat_chunk(created, model, out.token(req.salt, i, self.pod.factory.tokenizer)["text"],
                                              req.finish_reason if req.is_finished and i == n - 1 else None)
                               for i in range(sent, n)]
                     sent = n
@@ -292,7 +297,7 @@ class TgiRouter:
             metrics.request_succeeded(req)
             n = req.num_output_tokens
             if resp is None:
-                return web.Response(body=out.chat_body(created, model, token_text(req.salt, 0, n), req.finish_reason,
+                return web.Response(body=out.chat_body(created, model, token_text(req.salt, 0, n, self.vocab), req.finish_reason,
                                                        gen.input_length, n),
                                     content_type=_JSON, headers=self._timings(gen, req))
             await resp.write(out.DONE)
@@ -332,7 +337,7 @@ class TgiRouter:
                         continue
                     events = []
                     for i in range(sent, n):
-                        text = out.token(req.salt, i)["text"]
+                        text = out.token(req.salt, i, self.pod.factory.tokenizer)["text"]
                         if req.is_finished and i == n - 1:
                             events.append(out.completion_final_event(created, model, text, req.finish_reason,
                                                                      gen.input_length, n))
@@ -346,7 +351,7 @@ class TgiRouter:
             metrics.request_succeeded(req)
             n = req.num_output_tokens
             if resp is None:
-                return web.Response(body=out.completion_body(created, model, token_text(req.salt, 0, n),
+                return web.Response(body=out.completion_body(created, model, token_text(req.salt, 0, n, self.vocab),
                                                              req.finish_reason, gen.input_length, n),
                                     content_type=_JSON, headers=self._timings(gen, req))
             await resp.write(out.DONE)

@@ -124,14 +124,13 @@ async def test_simulated_pods_events_reach_the_index_and_a_reset_clears_it() -> 
         assert sub.stats.gaps == 0 and sub.stats.unknown_topic_messages == 0 and sub.stats.decode_errors == 0
 
 
-@pytest.mark.xfail(strict=True, reason="sim: token-id prompts publish synthetic token ids "
-                                       "(RequestFactory.from_token_ids does not set prompt_token_ids)")
 async def test_simulated_pods_publish_and_the_epp_follows() -> None:
     async with running() as (pods, picker, envoy):
         index = picker.core.precise_producers[0].index
         rng = random.Random(7)
         contexts = [[rng.randrange(2000) for _ in range(1600)] for _ in range(3)]
         async with aiohttp.ClientSession() as session:
+            await subscribed(session, pods, index)
             warm = pods[2]
             await post(session, warm.url, contexts[0] + [5])  # directly: only its events tell the EPP
             await until(lambda: index.endpoint_size(warm.address) >= 100)

@@ -93,9 +93,28 @@ classes:
     assert key != [(j.arrival, j.tenant, j.prompt, j.output_tokens) for j in c]
 
 
-def test_prompts_have_four_characters_per_token_and_shared_prefixes() -> None:
+def test_prompts_are_tokens_of_the_tokenizer_and_share_prefixes_as_text() -> None:
+    from epp.sim.tokens import load_tokenizer
+
     jobs = _jobs("""
 duration: 10
+classes:
+- {name: a, rate: 10, prompt: 50, output: 20, prefix: {groups: 1, tokens: 200}}
+""")
+    tok = load_tokenizer("bpe")
+    assert all(j.prompt_tokens == 1 + 200 + 50 for j in jobs)  # BOS, the system prompt, the rest
+    assert all(j.prompt_ids == tok.encode(j.prompt) for j in jobs)  # what vLLM would compute
+    system = tok.backend.decode(list(jobs[0].prompt_ids[1:201]))
+    assert all(j.prompt.startswith(system) for j in jobs)  # one system prompt for all, as text
+    assert len({j.prompt[len(system):] for j in jobs}) == len(jobs)  # the rest is unique
+    chars_per_token = {len(j.prompt) / j.prompt_tokens for j in jobs}
+    assert len(chars_per_token) > 1 and 3.5 < sum(chars_per_token) / len(chars_per_token) < 5
+
+
+def test_chars4_workloads_keep_the_old_text() -> None:
+    jobs = _jobs("""
+duration: 10
+tokenizer: chars4
 classes:
 - {name: a, rate: 10, prompt: 50, output: 20, prefix: {groups: 1, tokens: 200}}
 """)
@@ -103,6 +122,43 @@ classes:
     assert all(j.prompt_tokens == 250 for j in jobs)
     assert len({j.prompt[:800] for j in jobs}) == 1  # one system prompt for all
     assert len({j.prompt[800:] for j in jobs}) == len(jobs)  # the rest is unique
+
+
+def test_chat_turns_resend_the_conversation_as_text_and_ids() -> None:
+    from epp.sim.generation import token_text
+    from epp.sim.request import Request
+    from epp.sim.tokens import load_tokenizer
+
+    w = parse_workload("""
+duration: 100
+classes:
+- {name: c, rate: 1, prompt: 40, output: 12, prefix: {groups: 1, tokens: 100},
+   chat: {turns: 3, think_time: 0, message: 30}}
+""")
+    tok = load_tokenizer("bpe")
+    traffic = Traffic(w, pods=1, seed=3, max_model_len=8192)
+    job = traffic.next_arrival()
+    assert job is not None and job.prompt_ids is not None
+    turns = [job]
+    for turn in range(2):
+        job.request = Request(request_id=str(job.id), prompt_len=job.prompt_tokens, block_hashes=[],
+                              max_tokens=12, output_len=12, arrival_time=0.0, salt=1000 + turn)
+        job.generated, job.finish = 12, 1.0
+        nxt = traffic.follow_up(job, 1.0)
+        assert nxt is not None and nxt.prompt_ids is not None
+        reply = token_text(job.request.salt, 0, 12, tok.output_vocab)
+        assert nxt.prompt.startswith(job.prompt + " Assistant:" + reply + " User:")
+        assert nxt.prompt_ids[:job.prompt_tokens] == job.prompt_ids
+        assert nxt.prompt_ids == tok.encode(nxt.prompt)
+        assert nxt.prompt_tokens == job.prompt_tokens + len(tok.encode(" Assistant:", False)) + 12 + \
+            len(tok.encode(" User:", False)) + 30
+        turns.append(nxt)
+        job = nxt
+
+
+def test_unknown_tokenizer_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="workload.tokenizer: .*not one of bpe, tiny, chars4"):
+        parse_workload("tokenizer: gpt-17\nclasses: [{name: a, rate: 1}]")
 
 
 def test_class_fields_reach_the_requests() -> None:

@@ -266,8 +266,6 @@ async def test_run_c_stream_matches_the_capture(zctx: zmq.asyncio.Context, http:
         assert await replay(zctx, pub.replay_endpoint, first + 15) == []
 
 
-@pytest.mark.xfail(reason="RequestFactory.from_token_ids does not hand the prompt's ids to the engine yet "
-                          "(factory.py, not this branch): stored blocks carry synthetic token ids", strict=False)
 async def test_stored_blocks_carry_the_prompt_token_ids(zctx: zmq.asyncio.Context,
                                                         http: aiohttp.ClientSession) -> None:
     """A consumer maps engine hashes to its own keys through `token_ids`: they must be the prompt's."""

@@ -39,6 +39,13 @@ def test_profile_sets_the_kv_capacity() -> None:
 def test_invalid_config_is_an_error_exit() -> None:
     assert cli.run(parse("--time-scale", "0")) == 2
     assert cli.run(parse("--max-model-len", "8192", "--num-gpu-blocks", "100")) == 2  # > KV cache
+    assert cli.run(parse("--tokenizer", "/no/such/dir")) == 2
+
+
+def test_tokenizer_flag() -> None:
+    assert cli.config_from_args(parse()).tokenizer == "bpe"  # a real tokenizer by default
+    assert cli.config_from_args(parse("--tokenizer", "tiny")).tokenizer == "tiny"
+    assert cli.config_from_args(parse("--tokenizer", "chars4")).tokenizer == "chars4"
 
 
 def test_runs_until_sigterm() -> None:

@@ -122,9 +122,9 @@ def test_repeated_prefix_is_cheaper_than_a_new_one() -> None:
 
 def test_identical_prompt_recomputes_at_least_one_token() -> None:
     eng, f = make()
-    text = "z" * 64 * 4  # exactly 4 blocks
-    a = f.from_text(text, max_tokens=2, ignore_eos=True, arrival_time=0.0)
-    b = f.from_text(text, max_tokens=2, ignore_eos=True, arrival_time=1.0)
+    ids = list(range(100, 164))  # exactly 4 blocks
+    a = f.from_token_ids(ids, max_tokens=2, ignore_eos=True, arrival_time=0.0)
+    b = f.from_token_ids(ids, max_tokens=2, ignore_eos=True, arrival_time=1.0)
     run(eng, [a, b])
     assert b.num_cached_tokens == 48  # 3 of 4 blocks: the last token must be computed
 

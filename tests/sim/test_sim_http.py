@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.sim.config import EngineConfig, SimConfig
 from epp.sim.server import SimPod, start_pods, stop_pods
+from epp.sim.tokens import load_tokenizer
 
 LONG = " ".join(f"w{i % 2000}" for i in range(1100))
 SHORT = " ".join(["the"] * 1100)
@@ -22,11 +23,14 @@ IDS = [11] * 1100
 
 
 def tiny_config(**engine_kw: Any) -> SimConfig:
-    """Like the captured server: served name "tiny", max_model_len 1024."""
+    """Like the captured server: served name "tiny", max_model_len 1024, its tokenizer and the
+    chat template of run A."""
     time_scale = engine_kw.pop("time_scale", 0.01)
     loras = engine_kw.pop("loras", ())
+    tokenizer = engine_kw.pop("tokenizer", "tiny")
     engine = EngineConfig(max_model_len=1024, **engine_kw)
-    return SimConfig(model="tiny", time_scale=time_scale, lora_adapters=loras, engine=engine)
+    return SimConfig(model="tiny", time_scale=time_scale, lora_adapters=loras, engine=engine,
+                     tokenizer=tokenizer)
 
 
 @pytest.fixture
@@ -101,7 +105,10 @@ async def test_completion_matches_capture(pod: SimPod, http: aiohttp.ClientSessi
     usage = got["usage"]
     assert usage["completion_tokens"] == 8
     assert usage["total_tokens"] == usage["prompt_tokens"] + 8
-    assert len(got["choices"][0]["text"]) == 8 * 4  # 4 characters per token
+    assert usage["prompt_tokens"] == real["usage"]["prompt_tokens"] == 9  # the tiny model's tokenizer
+    text = got["choices"][0]["text"]
+    assert re.fullmatch(r"( w\d+){8}", text)  # like the capture's " w1282 w30 ..."
+    assert len(load_tokenizer("tiny").encode(text)) == 8
 
 
 async def test_chat_matches_capture(pod: SimPod, http: aiohttp.ClientSession,
@@ -252,7 +259,8 @@ async def test_error_cases_match_capture(case: str, pod: SimPod, http: aiohttp.C
 async def test_prompt_plus_max_tokens_over_the_limit_is_shortened(pod: SimPod,
                                                                   http: aiohttp.ClientSession) -> None:
     """Case d3: a 1000-token prompt with max_tokens 100 is accepted and cut to 24 tokens."""
-    body = {"model": "tiny", "prompt": "abcd" * 1000, "max_tokens": 100, "ignore_eos": True}
+    body = {"model": "tiny", "prompt": " ".join(f"w{i}" for i in range(1000)), "max_tokens": 100,
+            "ignore_eos": True}
     async with http.post(pod.url + "/v1/completions", json=body) as r:
         assert r.status == 200
         usage = (await r.json())["usage"]
@@ -398,3 +406,76 @@ async def test_start_pods_and_kill_one(http: aiohttp.ClientSession) -> None:
         assert metric(text, "vllm:num_requests_running") == 0
     finally:
         await stop_pods(pods)
+
+
+# ---------------------------------------------------------------- tokenization
+
+async def test_prompt_tokens_are_the_tokenizers(http: aiohttp.ClientSession) -> None:
+    """The default BPE pod counts like its tokenizer: BOS + text for completions, the chat
+    template's text (which has BOS) for chats; token-id prompts as given."""
+    tok = load_tokenizer("bpe")
+    messages = [{"role": "system", "content": "Answer in one line."}, {"role": "user", "content": "Why?"}]
+    async with SimPod(tiny_config(tokenizer="bpe")) as p:
+        async with http.post(p.url + "/v1/completions", json={"prompt": "Tell me a story.", "max_tokens": 3}) as r:
+            n = (await r.json())["usage"]["prompt_tokens"]
+        assert n == len(tok.encode("Tell me a story.")) == len(tok.encode("Tell me a story.", False)) + 1
+        async with http.post(p.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 3}) as r:
+            got = await r.json()
+        assert got["usage"]["prompt_tokens"] == len(tok.encode_chat(messages))
+        reply = got["choices"][0]["message"]["content"]
+        assert len(tok.encode(reply, add_special_tokens=False)) == got["usage"]["completion_tokens"]
+        async with http.post(p.url + "/v1/completions", json={"prompt": [7, 8, 9], "max_tokens": 3}) as r:
+            assert (await r.json())["usage"]["prompt_tokens"] == 3
+        long = "a" * (tok.max_chars_per_token * 1024 + 1)  # over vLLM's character pre-check
+        async with http.post(p.url + "/v1/completions", json={"prompt": long, "max_tokens": 3}) as r:
+            err = (await r.json())["error"]
+        assert r.status == 400 and err["param"] == "input_text"
+        assert f"more than {tok.max_chars_per_token * 1024} characters" in err["message"]
+        words = "ok " * 2000  # fewer characters than the pre-check, more tokens than the context
+        async with http.post(p.url + "/v1/completions", json={"prompt": words, "max_tokens": 3}) as r:
+            err = (await r.json())["error"]
+        assert r.status == 400 and err["param"] == "input_tokens" and "at least 1025 input tokens" in err["message"]
+
+
+async def test_token_ids_outside_the_vocabulary_are_refused(pod: SimPod, http: aiohttp.ClientSession) -> None:
+    async with http.post(pod.url + "/v1/completions", json={"prompt": [13, 2047], "max_tokens": 2}) as r:
+        assert r.status == 200  # up to the model's vocab_size - 1 (2048 in config.json)
+    async with http.post(pod.url + "/v1/completions", json={"prompt": [13, 5000], "max_tokens": 2}) as r:
+        assert r.status == 400
+        assert (await r.json())["error"] == {"message": "Token id 5000 is out of vocabulary",
+                                             "type": "BadRequestError", "param": None, "code": 400}
+
+
+async def test_cache_salt_is_validated_and_splits_the_prefix_cache(http: aiohttp.ClientSession) -> None:
+    async with SimPod(tiny_config(block_size=16)) as p:
+        for bad in ("", 5, "a/b", "x" * 129):
+            async with http.post(p.url + "/v1/completions",
+                                 json={"prompt": "hello", "max_tokens": 2, "cache_salt": bad}) as r:
+                assert r.status == 400
+                err = (await r.json())["error"]
+                assert err["type"] == "BadRequestError" and err["param"] == "cache_salt"
+                assert err["message"].startswith("Parameter 'cache_salt' must")
+        prompt = " ".join(f"w{i}" for i in range(64))
+
+        async def hits(salt: str | None) -> float:
+            body: dict[str, Any] = {"prompt": prompt, "max_tokens": 1}
+            if salt is not None:
+                body["cache_salt"] = salt
+            async with http.post(p.url + "/v1/completions", json=body) as r:
+                assert r.status == 200
+            async with http.get(p.url + "/metrics") as r:
+                return metric(await r.text(), "vllm:prefix_cache_hits_total")
+
+        assert await hits("alice") == 0
+        assert await hits("alice") == 48  # 3 of 4 blocks (the last token is always computed)
+        assert await hits("bob") == 48  # another salt: nothing shared
+        assert await hits(None) == 48
+        assert await hits(None) == 96
+
+
+async def test_chat_without_generation_prompt(pod: SimPod, http: aiohttp.ClientSession) -> None:
+    body = {"messages": [{"role": "user", "content": "hello the quick brown fox"}], "max_tokens": 2}
+    async with http.post(pod.url + "/v1/chat/completions", json={**body, "add_generation_prompt": False}) as r:
+        assert (await r.json())["usage"]["prompt_tokens"] == 7  # no "assistant :" at the end
+    async with http.post(pod.url + "/v1/chat/completions", json=body) as r:
+        assert (await r.json())["usage"]["prompt_tokens"] == 9

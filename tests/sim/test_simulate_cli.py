@@ -72,10 +72,23 @@ def test_simulate_compares_configs_and_uses_shipped_workloads(tmp_path: Path,
     (["--workload", "nope"], "no workload file or shipped workload named 'nope'"),
     (["--workload", "mixed", "--policy", "fastest"], "unknown policy 'fastest'"),
     (["--workload", "mixed", "--pods", "0"], "--pods must be >= 1"),
+    (["--workload", "mixed", "--tokenizer", "gpt-17"], "--tokenizer: tokenizer 'gpt-17': not one of bpe"),
 ])
 def test_simulate_errors_are_clear(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tokenizer", ["bpe", "tiny", "chars4"])
+def test_simulate_with_each_tokenizer(tokenizer: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    out = tmp_path / "out.json"
+    assert main(["simulate", "--workload", str(workload), "--pods", "2", "--policy", "epp,round-robin",
+                 "--tokenizer", tokenizer, "--json", str(out)]) == 0
+    assert f"tokenizer {tokenizer}" in capsys.readouterr().err
+    reports = json.loads(out.read_text())["reports"]
+    assert all(r["ok"] == r["requests"] > 0 for r in reports)
 
 
 def test_simulate_rejects_an_invalid_picker_config_with_its_path(tmp_path: Path,

@@ -169,9 +169,8 @@ def test_cache_salt_separates_requests_without_token_ids_too() -> None:
     text = "You are a helpful assistant. " * 40
     reqs = []
     for i, salt in enumerate((None, "t1", "t2", "t1", None)):
-        r = f.from_text(text + f"q{i}", max_tokens=2, ignore_eos=True, arrival_time=float(i))
-        r.cache_salt = salt
-        reqs.append(r)
+        reqs.append(f.from_text(text + f"q{i}", max_tokens=2, ignore_eos=True, arrival_time=float(i),
+                                cache_salt=salt))
     run(eng, reqs)
     hits = [r.num_cached_tokens for r in reqs]
     assert hits[0] == hits[1] == hits[2] == 0

@@ -10,6 +10,7 @@ Prints a comparison table (and per class / per tenant tables) to stdout; progres
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="from a pod's step to a KV-event subscriber in the router (default 5ms)")
     parser.add_argument("--horizon", default=None, help="end the run at this virtual time (default: generous)")
     parser.add_argument("--tenants", type=int, default=10, help="tenants shown per policy (default 10)")
+    parser.add_argument("--tokenizer", default=None, metavar="bpe|tiny|chars4|DIR",
+                        help="how the pods tokenize (default: the workload's, else bpe); chars4 is the "
+                             "old 4-characters-per-token rule, DIR a directory with a tokenizer.json")
     parser.add_argument("--list-workloads", action="store_true", help="list the shipped workloads and exit")
 
 
@@ -50,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from epp.sim.cluster.report import render_text
     from epp.sim.cluster.simulate import expand_policies, simulate
     from epp.sim.cluster.workload import builtin_names, load_workload
+    from epp.sim.tokens import load_tokenizer
 
     if args.list_workloads:
         for name in builtin_names():
@@ -77,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--rate-scale: must be > 0")
         workload = workload.scaled(rate=args.rate_scale, duration=duration, max_requests=args.requests,
                                    warmup=warmup)
+        if args.tokenizer is not None:
+            try:
+                load_tokenizer(args.tokenizer)
+            except ValueError as exc:
+                raise ConfigError(f"--tokenizer: {exc}") from None
+            workload = dataclasses.replace(workload, tokenizer=args.tokenizer)
+        print(f"{workload.name}: tokenizer {workload.tokenizer}", file=sys.stderr, flush=True)
         arms = [_arm(path, len(args.config)) for path in args.config]
         policies = expand_policies(args.policy or ["epp"], arms)
         if args.plots:

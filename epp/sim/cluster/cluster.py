@@ -141,7 +141,7 @@ class Cluster:
         self._queued = QueuedPrefill(self.num_pods)
         self.factory = RequestFactory(cfg, seed=self.seed)
         self.traffic = Traffic(self.workload, pods=self.num_pods, seed=self.seed,
-                               max_model_len=cfg.engine.max_model_len)
+                               max_model_len=cfg.engine.max_model_len, tokenizer=self.factory.tokenizer)
         self._done = loop.create_future()
         self.router.attach(self)
         if self.router.wants_first_token:
@@ -216,8 +216,10 @@ class Cluster:
         self.jobs.append(job)
         if not owed:
             self._open += 1
-        job.request = self.factory.from_text(job.prompt, max_tokens=job.output_tokens, ignore_eos=True,
-                                             lora=job.lora, arrival_time=job.arrival, request_id=str(job.id))
+        assert job.prompt_ids is not None
+        job.request = self.factory.from_token_ids(job.prompt_ids, max_tokens=job.output_tokens, ignore_eos=True,
+                                                  lora=job.lora, arrival_time=job.arrival, request_id=str(job.id))
+        job.prompt_ids = None  # the engine request holds them now
         job.request.user_data = job
         task = self.loop.create_task(self._route(job))
         self._tasks.add(task)

@@ -2,10 +2,15 @@
 
 Every class draws from its own random stream (seeded by the run seed and the class), so adding a
 class does not change the others' requests, and every chat session from its own, so the order in
-which turns finish (which depends on the policy under test) never changes what is sent. Prompt
-text is random hex — 4 characters per token, as the engines and the EPP count them — built only
-when a request arrives and dropped when it is dispatched, so 100,000 requests need no more memory
-than the ones in flight.
+which turns finish (which depends on the policy under test) never changes what is sent.
+
+Prompt text is English-like text made for the pods' tokenizer (`epp.sim.tokenizers.text`), with
+its token ids known without tokenizing it: sizes in the workload are tokens of that tokenizer,
+while the EPP sees only the text, as in production. A shared prefix (a system prompt) is one text
+reused verbatim, a chat turn re-sends the conversation so far (`" User:"` / `" Assistant:"`
+markers, the model's reply as it generated it); a completion's ids get the tokenizer's special
+tokens (BOS), as vLLM adds them. Text is built only when a request arrives and dropped when it is
+dispatched, so 100,000 requests need no more memory than the ones in flight.
 """
 
 from __future__ import annotations
@@ -13,16 +18,16 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from epp.sim.cluster.workload import ClassSpec, Workload
-from epp.sim.generation import token_text
+from epp.sim.generation import token_ids, token_text
 from epp.sim.request import Request
-
-_USER = "<|user|>"  # 8 characters: 2 tokens
-_ASSISTANT = "<|asst|>"
+from epp.sim.tokenizers.text import Text, text_source
+from epp.sim.tokens import Tokenizer, load_tokenizer
 
 
 @dataclass(slots=True, eq=False)
@@ -33,7 +38,7 @@ class Session:
     cls: int
     tenant: str
     lora: str | None
-    text: str
+    conversation: Text  # everything sent so far, without special tokens
     turns_left: int
 
 
@@ -45,13 +50,15 @@ class Job:
     cls: int
     tenant: str
     arrival: float
-    prompt: str
+    prompt: str  # the text the EPP sees
     prompt_tokens: int
     output_tokens: int  # what the engine will generate (the request ends there)
     max_tokens: int  # what the body asks for
     lora: str | None = None
     session: Session | None = None
     turn: int = 0
+    # What the engine computes: the prompt's token ids, special tokens included (until dispatch).
+    prompt_ids: array | None = None
     # -- filled in as it runs --
     request: Request | None = None  # the engine's view, while in flight
     handle: Any = None  # the router's per-request state (the EPP's RequestRecord)
@@ -71,14 +78,18 @@ class Job:
 class Traffic:
     """Open-loop arrivals in time order (`next_arrival`) plus closed-loop chat turns (`follow_up`)."""
 
-    def __init__(self, workload: Workload, *, pods: int, seed: int, max_model_len: int) -> None:
+    def __init__(self, workload: Workload, *, pods: int, seed: int, max_model_len: int,
+                 tokenizer: Tokenizer | None = None) -> None:
         self.workload = workload
         self.max_model_len = max_model_len
         self.seed = seed
+        self.tokenizer = tokenizer or load_tokenizer(workload.tokenizer)
+        self.text = text_source(self.tokenizer)
+        self._specials = len(self.tokenizer.special_prefix) + len(self.tokenizer.special_suffix)
         self.created = 0
         self._limit = workload.max_requests or math.inf
         self._rngs = [random.Random(f"{seed}:class:{i}") for i in range(len(workload.classes))]
-        self._prefixes: dict[tuple[int, int], str] = {}
+        self._prefixes: dict[tuple[int, int], Text] = {}
         self._sessions = 0
         self._heap: list[tuple[float, int, Iterator[float]]] = []
         for i, spec in enumerate(workload.classes):
@@ -115,19 +126,21 @@ class Traffic:
             return None
         spec = self.workload.classes[s.cls]
         assert spec.chat is not None and job.request is not None
-        reply = token_text(job.request.salt, 0, job.generated)
-        message = _hex(s.rng, spec.chat.message.sample_int(s.rng))
-        text = f"{s.text}{_ASSISTANT}{reply}{_USER}{message}"
+        tok = self.tokenizer
+        salt = job.request.salt
+        reply = Text(token_text(salt, 0, job.generated, tok.output_vocab),
+                     token_ids(salt, 0, job.generated, tok.output_ids))
+        message = self.text.unique(s.rng, spec.chat.message.sample_int(s.rng))
+        conversation = self.text.join([s.conversation, self.text.assistant, reply, self.text.user, message])
         output = spec.output.sample_int(s.rng)
-        tokens = -(-len(text) // 4)
-        if tokens + output >= self.max_model_len:
+        if len(conversation) + self._specials + output >= self.max_model_len:
             return None  # the conversation no longer fits the context window
         think = max(0.0, spec.chat.think_time.sample(s.rng))
         if now + think >= self.workload.duration:
             return None  # the run sends nothing after its duration, follow-ups included
-        s.text = text
+        s.conversation = conversation
         s.turns_left -= 1
-        return self._job(s.cls, now + think, s.tenant, text, output, spec, s.lora, s, job.turn + 1)
+        return self._job(s.cls, now + think, s.tenant, conversation, output, spec, s.lora, s, job.turn + 1)
 
     # -- building requests --
 
@@ -140,12 +153,17 @@ class Traffic:
             lora = spec.lora.adapters.pick(rng.random())
         prefix = self._prefix(i, spec, rng)
         output = spec.output.sample_int(rng)
-        room = self.max_model_len - output - 1 - len(prefix) // 4
+        prefix_len = (len(prefix) if prefix else 0) + self._specials + (len(self.text.user) if spec.chat else 0)
+        room = self.max_model_len - output - 1 - prefix_len
         unique = min(spec.prompt.sample_int(rng), room)
         if unique < 1:  # the prefix alone fills the context: keep the prompt, shorten the output
             unique = 1
-            output = max(1, self.max_model_len - 2 - len(prefix) // 4)
-        text = prefix + (_USER if spec.chat else "") + _hex(rng, unique)
+            output = max(1, self.max_model_len - 2 - prefix_len)
+        parts = [prefix] if prefix else []
+        if spec.chat:
+            parts.append(self.text.user)
+        parts.append(self.text.unique(rng, unique))
+        text = self.text.join(parts)
         session = None
         if spec.chat is not None:
             self._sessions += 1
@@ -154,17 +172,20 @@ class Traffic:
             session = Session(srng, i, tenant, lora, text, turns - 1)
         return self._job(i, t, tenant, text, output, spec, lora, session, 0)
 
-    def _job(self, i: int, t: float, tenant: str, text: str, output: int, spec: ClassSpec, lora: str | None,
+    def _job(self, i: int, t: float, tenant: str, text: Text, output: int, spec: ClassSpec, lora: str | None,
              session: Session | None, turn: int) -> Job:
         self.created += 1
         max_tokens = max(output, spec.max_tokens or output)
-        return Job(id=self.created, cls=i, tenant=tenant, arrival=t, prompt=text, prompt_tokens=-(-len(text) // 4),
-                   output_tokens=output, max_tokens=max_tokens, lora=lora, session=session, turn=turn)
+        tok = self.tokenizer
+        ids = tok.special_prefix + text.ids + tok.special_suffix if self._specials else text.ids
+        return Job(id=self.created, cls=i, tenant=tenant, arrival=t, prompt=text.text, prompt_tokens=len(ids),
+                   output_tokens=output, max_tokens=max_tokens, lora=lora, session=session, turn=turn,
+                   prompt_ids=ids)
 
-    def _prefix(self, i: int, spec: ClassSpec, rng: random.Random) -> str:
+    def _prefix(self, i: int, spec: ClassSpec, rng: random.Random) -> Text | None:
         p = spec.prefix
         if p is None:
-            return ""
+            return None
         if p.zipf > 0:
             weights = [1.0 / (g + 1) ** p.zipf for g in range(p.groups)]
             group = rng.choices(range(p.groups), weights)[0]
@@ -174,13 +195,8 @@ class Traffic:
         if text is None:
             grng = random.Random(f"{self.seed}:prefix:{i}:{group}")
             tokens = min(p.tokens.sample_int(grng), self.max_model_len // 2)
-            text = self._prefixes[(i, group)] = _hex(grng, tokens)
+            text = self._prefixes[(i, group)] = self.text.unique(grng, tokens)
         return text
-
-
-def _hex(rng: random.Random, tokens: int) -> str:
-    """`tokens` tokens of random text (4 hex characters each)."""
-    return rng.randbytes(2 * tokens).hex()
 
 
 def arrival_times(spec: ClassSpec, pods: int, rng: random.Random, duration: float) -> Iterator[float]:

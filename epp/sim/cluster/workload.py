@@ -9,6 +9,7 @@ Schema (YAML; every size in tokens, every time in seconds or a duration string l
     max_requests: 0                    # stop creating requests after this many (0: no cap)
     warmup: 0                          # requests arriving before this are not in the statistics
     model: meta-llama/Llama-3.1-8B-Instruct
+    tokenizer: bpe                     # bpe | tiny | chars4 | a directory with a tokenizer.json
     engine: {max_num_seqs: 256, ...}   # EngineConfig overrides for every pod (see epp.sim.config)
     objectives: {interactive: 0, batch: -1}   # InferenceObjective name -> priority
     classes:
@@ -35,8 +36,10 @@ Schema (YAML; every size in tokens, every time in seconds or a duration string l
       slo_ttft_ms: 500                 # sent as x-slo-ttft-ms; reports count SLO attainment
       lora: {adapters: [sql, chat], weights: [3, 1], base: 0.2}   # share `base` uses the base model
 
-Requests are completions whose prompt text has 4 characters per token, so the EPP's
-character-block prefix hashes and the engines' token-block hashes see the same sharing.
+Sizes are tokens of the workload's tokenizer (`epp simulate --tokenizer` overrides it). Requests
+are completions of English-like text (`epp.sim.tokenizers.text`): the engines count its tokens
+with the real tokenizer, the EPP hashes its characters, so their blocks do not line up — as in
+production. Shared prefixes are shared as text.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ import yaml
 from epp.params import ConfigError, Params
 from epp.sim.cluster.dist import Dist, constant, parse_dist
 from epp.sim.config import EngineConfig, SimConfig
+from epp.sim.tokens import DEFAULT_TOKENIZER, load_tokenizer
 
 PROCESSES = ("poisson", "gamma", "onoff", "burst")
 _ENGINE_INT = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -138,6 +142,7 @@ class Workload:
     model: str = SimConfig().model
     engine: dict[str, Any] = field(default_factory=dict)
     objectives: dict[str, int] = field(default_factory=dict)
+    tokenizer: str = DEFAULT_TOKENIZER
 
     def sim_config(self) -> SimConfig:
         """The pods' configuration: engine overrides, every LoRA adapter in use, no token times."""
@@ -145,7 +150,8 @@ class Workload:
         engine = EngineConfig(**{"record_token_times": False, **self.engine})
         if adapters and not engine.max_loras:
             engine.max_loras = min(4, len(adapters))
-        config = SimConfig(model=self.model, lora_adapters=tuple(adapters), engine=engine)
+        config = SimConfig(model=self.model, lora_adapters=tuple(adapters), engine=engine,
+                           tokenizer=self.tokenizer)
         config.validate()
         return config
 
@@ -224,6 +230,7 @@ def parse_workload(text: str) -> Workload:
     max_requests = p.int("max_requests", 0, min=0)
     warmup = p.duration("warmup", 0.0)
     model = p.str("model", SimConfig().model)
+    tokenizer = p.str("tokenizer", DEFAULT_TOKENIZER)
     engine = _engine(_Section(p.mapping("engine"), "workload.engine"))
     objectives: dict[str, int] = {}
     for key, value in p.mapping("objectives").items():
@@ -242,7 +249,11 @@ def parse_workload(text: str) -> Workload:
     p.done()
     workload = Workload(classes=tuple(classes), name=name, description=description, seed=seed,
                         duration=duration, max_requests=max_requests, warmup=warmup, model=model,
-                        engine=engine, objectives=objectives)
+                        engine=engine, objectives=objectives, tokenizer=tokenizer)
+    try:
+        load_tokenizer(tokenizer)
+    except ValueError as exc:
+        raise ConfigError(f"workload.tokenizer: {exc}") from None
     try:
         workload.sim_config()
     except (TypeError, ValueError) as exc:
