@@ -393,7 +393,6 @@ class Engine:
         """
         running = self.running
         kv = self.kv
-        bs = self.config.block_size
         priority = self.config.scheduling_policy == "priority"
         preempted = 0
         i = 0
@@ -407,9 +406,8 @@ class Engine:
                     continue
             if num_new > budget:
                 num_new = budget
-            end = req.num_computed_tokens + num_new
             # Fast path: no new block needed and none filled (15 of 16 decode steps).
-            if end > len(req.blocks) * bs or end // bs > req.num_cached_blocks:
+            if req.num_computed_tokens + num_new > req.kv_fast_until:
                 ok = kv.allocate_running(req, num_new)
                 while not ok:
                     if priority:

@@ -61,6 +61,9 @@ class Request:
     blocks: list[int] = field(default_factory=list)
     # Leading blocks already entered into the prefix cache (vLLM's `num_cached_block`).
     num_cached_blocks: int = 0
+    # Computed tokens the blocks hold with no work for the KV cache (no new block, none filled):
+    # the engine's per-step fast path (set by the KV cache).
+    kv_fast_until: int = -1
     finish_reason: str | None = None
     seq: int = 0
 
