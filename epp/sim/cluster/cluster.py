@@ -120,7 +120,9 @@ class Cluster:
         self.sim_config = sim_config or workload.sim_config()
         self.groups = parse_pods(pods) if isinstance(pods, (int, str)) else list(pods)
         self.pod_configs: list[EngineConfig] = engine_configs(self.groups, self.sim_config.engine)
-        self.pod_shapes = [g.describe() for g in self.groups for _ in range(g.count)]
+        base_profile = self.sim_config.engine.step_profile
+        self.pod_shapes = [g.describe(base_profile) for g in self.groups for _ in range(g.count)]
+        self.pool = describe_pool(self.groups, base_profile)
         self.num_pods = len(self.pod_configs)
         sizes = {c.block_size for c in self.pod_configs}
         if len(sizes) > 1:
@@ -216,7 +218,7 @@ class Cluster:
         return RunResult(policy=self.router.name, workload=self.workload, pods=self.num_pods, seed=self.seed,
                          jobs=self.jobs, samples=self.samples, pod_stats=stats, end_time=end, unfinished=unfinished,
                          flow_control=flow, sample_interval=self.sample_interval, itl_hist=itl_hist,
-                         pool=describe_pool(self.groups))
+                         pool=self.pool)
 
     # -- arrivals --
 
