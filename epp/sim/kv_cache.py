@@ -30,14 +30,31 @@ from collections import OrderedDict
 
 import xxhash
 
-from epp.sim.block_hash import (event_extra_keys, extra_keys_seed, hash_block, synthetic_token_bytes,
-                                synthetic_token_ids)
+from epp.sim.block_hash import (event_extra_keys, extra_keys_seed, hash_block, hash_blocks,
+                                synthetic_token_bytes, synthetic_token_ids)
 from epp.sim.kv_events import (FULL_ATTENTION, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
                                BlockStored, KVEvent)
 from epp.sim.request import Request
 
 _NO_HASH = -1  # block hashes are unsigned 64-bit ints, so -1 marks "not cached"
 _hash = xxhash.xxh3_64_intdigest
+
+
+def prepare_block_hashes(req: Request, block_size: int) -> None:
+    """Make `req.block_hashes` final, as vLLM computes them engine-side (once; idempotent): from
+    the token ids with the LoRA and `cache_salt` when the producer gave ids but no hashes; for
+    hashes made without ids, with the salt mixed into each, so only requests with the same salt
+    share blocks. A router that looks requests up in a pod's cache calls this first."""
+    if req.hashes_prepared:
+        return
+    req.hashes_prepared = True
+    ids = req.prompt_token_ids
+    if ids is not None:
+        if not req.block_hashes and req.prompt_len >= block_size:
+            req.block_hashes = hash_blocks(ids, block_size, lora=req.lora, cache_salt=req.cache_salt)
+    elif req.cache_salt and req.block_hashes:
+        key = b"cache_salt:" + req.cache_salt.encode()
+        req.block_hashes = [_hash(key, seed=h) for h in req.block_hashes]
 
 
 class KVCacheManager:

@@ -46,6 +46,8 @@ class Request:
     prompt_token_ids: array | None = None
     # vLLM's `cache_salt`: only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    # `block_hashes` are final (`kv_cache.prepare_block_hashes` ran).
+    hashes_prepared: bool = False
     # Free slot for the caller (e.g. the HTTP stream waiting on this request); the engine ignores it.
     user_data: object = None
 

@@ -31,6 +31,7 @@ from epp.sim.cluster.vloop import VirtualTimeLoop, run_virtual
 from epp.sim.cluster.workload import Workload
 from epp.sim.config import EngineConfig, SimConfig
 from epp.sim.factory import RequestFactory
+from epp.sim.kv_cache import prepare_block_hashes
 from epp.sim.pool import PodGroup, describe_pool, engine_configs, parse_pods
 from epp.sim.request import FINISH_ABORT, Request
 from epp.sim.steptime import StepTimeModel
@@ -241,6 +242,8 @@ class Cluster:
         job.request = self.factory.from_text(job.prompt, max_tokens=job.output_tokens, ignore_eos=True,
                                              lora=job.lora, arrival_time=job.arrival, request_id=str(job.id))
         job.request.user_data = job
+        # Final hashes (cache_salt mixed in) before routing: what routers look up in the pods.
+        prepare_block_hashes(job.request, self.sim_config.engine.block_size)
         task = self.loop.create_task(self._route(job))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
