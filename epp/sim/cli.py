@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
 
 from epp.sim.config import SERVER_KINDS, EngineConfig, SimConfig
 from epp.sim.kv_publisher import KVEventsConfig
+from epp.sim.pool import describe_pool, engine_configs, parse_pods
 from epp.sim.server import start_pods, stop_pods
 from epp.sim.steptime import DEFAULT_PROFILE, kv_capacity_blocks, profiles
 
@@ -20,7 +22,10 @@ from epp.sim.steptime import DEFAULT_PROFILE, kv_capacity_blocks, profiles
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng = EngineConfig()
     sim = SimConfig()
-    parser.add_argument("--pods", type=int, default=1, help="number of pods (default 1)")
+    parser.add_argument("--pods", default="1", metavar="N|SPEC",
+                        help="number of pods (default 1), or groups COUNT[:PROFILE][:KEY=VALUE...] joined "
+                             "by commas, e.g. 2:h100,2:a100:max_num_seqs=64 (a group's profile sets its "
+                             "step time and KV capacity; the other flags are the base)")
     parser.add_argument("--base-port", type=int, default=8001,
                         help="port of the first pod; pod i listens on base+i (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
@@ -84,12 +89,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return cfg
 
 
-def kv_events_from_args(args: argparse.Namespace) -> KVEventsConfig | None:
-    """`--kv-events-config`, validated for `--pods` pods; vLLM's warnings printed."""
+def kv_events_from_args(args: argparse.Namespace, pods: int) -> KVEventsConfig | None:
+    """`--kv-events-config`, validated for `pods` pods; vLLM's warnings printed."""
     if args.kv_events_config is None:
         return None
     kv = KVEventsConfig.from_json(args.kv_events_config)
-    kv.check_pods(args.pods)
+    kv.check_pods(pods)
     warnings = kv.warnings()
     if kv.enabled and args.no_prefix_caching:
         warnings.append("KV cache events are on, but prefix caching is not enabled: no blocks will be stored")
@@ -107,31 +112,48 @@ def dev_mode_from_env() -> bool:
         raise ValueError(f"VLLM_SERVER_DEV_MODE must be an integer (0 or 1), got {raw!r}") from None
 
 
+def pod_configs(args: argparse.Namespace, base: SimConfig) -> list[SimConfig]:
+    """One configuration per pod from `--pods` (a count, or groups of pod shapes)."""
+    groups = parse_pods(args.pods)
+    out = []
+    for engine in engine_configs(groups, base.engine):
+        cfg = dataclasses.replace(base, engine=engine)
+        cfg.validate()
+        out.append(cfg)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
-        kv_events = kv_events_from_args(args)
+        configs = pod_configs(args, cfg)
+        kv_events = kv_events_from_args(args, len(configs))
         dev_mode = dev_mode_from_env()
     except ValueError as e:
         print(f"epp sim: {e}", file=sys.stderr)
         return 2
+    groups = parse_pods(args.pods)
+    if len(groups) > 1 or groups[0].profile or groups[0].settings:
+        print(f"epp sim: pods {describe_pool(groups, cfg.engine.step_profile)}", file=sys.stderr, flush=True)
     try:
-        asyncio.run(_serve(cfg, args.pods, args.base_port, args.host, kv_events, dev_mode))
+        asyncio.run(_serve(configs, args.base_port, args.host, kv_events, dev_mode))
     except OSError as e:
         print(f"epp sim: {e}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve(cfg: SimConfig, n: int, base_port: int, host: str, kv_events: KVEventsConfig | None = None,
+async def _serve(configs: list[SimConfig], base_port: int, host: str, kv_events: KVEventsConfig | None = None,
                  dev_mode: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    pods = await start_pods(n, base_port=base_port, host=host, config=cfg, kv_events=kv_events, dev_mode=dev_mode)
+    pods = await start_pods(len(configs), base_port=base_port, host=host, configs=configs, kv_events=kv_events,
+                            dev_mode=dev_mode)
     try:
         for pod in pods:
+            cfg, e = pod.config, pod.config.engine
             extra = " dev-mode" if dev_mode else ""
             if (pub := pod.kv_publisher) is not None:
                 mode = "bind" if pub.settings.bind else "connect"
@@ -139,7 +161,8 @@ async def _serve(cfg: SimConfig, n: int, base_port: int, host: str, kv_events: K
                 if pub.replay_endpoint:
                     extra += f" replay={pub.replay_endpoint}"
             engine = f" engine={cfg.server}" if cfg.server != "vllm" else ""
-            print(f"{pod.name} {pod.url} model={cfg.model} tokenizer={cfg.tokenizer}{engine}{extra}", flush=True)
+            print(f"{pod.name} {pod.url} model={cfg.model} tokenizer={cfg.tokenizer}{engine} profile={e.step_profile} "
+                  f"num_gpu_blocks={e.num_gpu_blocks} max_num_seqs={e.max_num_seqs}{extra}", flush=True)
         await stop.wait()
     finally:
         await stop_pods(pods)

@@ -65,6 +65,7 @@ class RequestFactory:
                          request_id)
         req.prompt_token_ids = prompt
         req.cache_salt = cache_salt
+        req.output_id_table = self.tokenizer.output_ids
         return req
 
     def from_messages(self, messages: Sequence[dict[str, Any]], **kw: Any) -> Request:

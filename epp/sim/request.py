@@ -46,6 +46,13 @@ class Request:
     prompt_token_ids: array | None = None
     # vLLM's `cache_salt`: only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    # The tokenizer's single-token output words' ids: generated token k is
+    # `generation.token_ids(salt, k, k + 1, output_id_table)`, the ids of the text the pod sends
+    # back, so a chat's next turn (which re-sends that text) hits the reply's cached blocks as on
+    # vLLM. None: synthetic ids (requests made from bare sizes).
+    output_id_table: array | None = None
+    # `block_hashes` are final (`kv_cache.prepare_block_hashes` ran).
+    hashes_prepared: bool = False
     # Free slot for the caller (e.g. the HTTP stream waiting on this request); the engine ignores it.
     user_data: object = None
 
@@ -61,6 +68,9 @@ class Request:
     blocks: list[int] = field(default_factory=list)
     # Leading blocks already entered into the prefix cache (vLLM's `num_cached_block`).
     num_cached_blocks: int = 0
+    # Computed tokens the blocks hold with no work for the KV cache (no new block, none filled):
+    # the engine's per-step fast path (set by the KV cache).
+    kv_fast_until: int = -1
     finish_reason: str | None = None
     seq: int = 0
 

@@ -147,11 +147,14 @@ classes:
         nxt = traffic.follow_up(job, 1.0)
         assert nxt is not None and nxt.prompt_ids is not None
         reply = token_text(job.request.salt, 0, 12, tok.output_vocab)
-        assert nxt.prompt.startswith(job.prompt + " Assistant:" + reply + " User:")
+        # A turn's prompt ends with the assistant's header, so the next one re-sends this turn's
+        # whole sequence (prompt, then reply) before its own message.
+        assert job.prompt.endswith(" Assistant:")
+        assert nxt.prompt.startswith(job.prompt + reply + " User:") and nxt.prompt.endswith(" Assistant:")
         assert nxt.prompt_ids[:job.prompt_tokens] == job.prompt_ids
         assert nxt.prompt_ids == tok.encode(nxt.prompt)
-        assert nxt.prompt_tokens == job.prompt_tokens + len(tok.encode(" Assistant:", False)) + 12 + \
-            len(tok.encode(" User:", False)) + 30
+        assert nxt.prompt_tokens == job.prompt_tokens + 12 + len(tok.encode(" User:", False)) + 30 + \
+            len(tok.encode(" Assistant:", False))
         turns.append(nxt)
         job = nxt
 

@@ -133,14 +133,21 @@ class Traffic:
         message = self.text.unique(s.rng, spec.chat.message.sample_int(s.rng))
         conversation = self.text.join([s.conversation, self.text.assistant, reply, self.text.user, message])
         output = spec.output.sample_int(s.rng)
-        if len(conversation) + self._specials + output >= self.max_model_len:
+        if len(conversation) + len(self.text.assistant) + self._specials + output >= self.max_model_len:
             return None  # the conversation no longer fits the context window
         think = max(0.0, spec.chat.think_time.sample(s.rng))
         if now + think >= self.workload.duration:
             return None  # the run sends nothing after its duration, follow-ups included
         s.conversation = conversation
         s.turns_left -= 1
-        return self._job(s.cls, now + think, s.tenant, conversation, output, spec, s.lora, s, job.turn + 1)
+        return self._job(s.cls, now + think, s.tenant, self._ask(conversation), output, spec, s.lora, s,
+                         job.turn + 1)
+
+    def _ask(self, conversation: Text) -> Text:
+        """A chat turn's prompt: the conversation, then the assistant's header the reply follows
+        (as a chat template's generation prompt), so the next turn, which re-sends the reply after
+        it, shares this turn's whole sequence, prompt and reply: vLLM caches both."""
+        return self.text.join([conversation, self.text.assistant])
 
     # -- building requests --
 
@@ -153,7 +160,8 @@ class Traffic:
             lora = spec.lora.adapters.pick(rng.random())
         prefix = self._prefix(i, spec, rng)
         output = spec.output.sample_int(rng)
-        prefix_len = (len(prefix) if prefix else 0) + self._specials + (len(self.text.user) if spec.chat else 0)
+        prefix_len = (len(prefix) if prefix else 0) + self._specials + (
+            len(self.text.user) + len(self.text.assistant) if spec.chat else 0)
         room = self.max_model_len - output - 1 - prefix_len
         unique = min(spec.prompt.sample_int(rng), room)
         if unique < 1:  # the prefix alone fills the context: keep the prompt, shorten the output
@@ -170,6 +178,7 @@ class Traffic:
             srng = random.Random(f"{self.seed}:session:{i}:{self._sessions}")
             turns = spec.chat.turns.sample_int(srng)
             session = Session(srng, i, tenant, lora, text, turns - 1)
+            text = self._ask(text)
         return self._job(i, t, tenant, text, output, spec, lora, session, 0)
 
     def _job(self, i: int, t: float, tenant: str, text: Text, output: int, spec: ClassSpec, lora: str | None,
