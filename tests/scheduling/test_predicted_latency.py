@@ -1,0 +1,180 @@
+"""The predicted-latency path: what each candidate is predicted to cost, how the scorer ranks it,
+and what the SLO filter keeps — through the real config loader and director."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from epp.api.request import Api, InferenceRequest
+from epp.api.response import Usage
+from epp.core import build_core
+from epp.datastore import Datastore, EndpointMetrics, EndpointSpec, Outstanding
+from epp.errors import EppError
+from epp.scheduling.framework import CycleState
+from epp.scheduling.plugins.latency_scorer import LatencyScorer
+from epp.scheduling.prediction import Prediction
+
+PODS = 4
+
+
+def pool(**metrics: object) -> Datastore:
+    store = Datastore(clock=lambda: 100.0)
+    for i in range(PODS):
+        ep = store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000))
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                          **metrics))  # type: ignore[arg-type]
+    return store
+
+
+def request(prompt: str, *, priority: int = 0, slo_ttft: float | None = None, max_tokens: int = 100,
+            model: str = "m") -> InferenceRequest:
+    return InferenceRequest(request_id=f"r{random.random()}", api=Api.COMPLETIONS, model=model, target_model=model,
+                            body={"model": model, "prompt": prompt}, prompt=prompt.encode(), max_tokens=max_tokens,
+                            priority=priority, slo_ttft=slo_ttft, stream=True)
+
+
+def predictions(store: Datastore, req: InferenceRequest, config: str | None = None) -> dict[str, Prediction]:
+    core = build_core(store, config, tick=0.05, seed=1)
+    cycle = CycleState()
+    for producer in core.config.scheduler.producers:
+        producer.prepare(cycle, req, list(store.endpoints()))
+    return cycle.predictions
+
+
+def queue_prefill(store: Datastore, index: int, tokens: int) -> None:
+    ep = store.endpoints()[index]
+    ep.load.add(Outstanding(tokens, 0, 100, 100.0, predicted_ttft=10.0), 100.0)
+
+
+def test_queued_prefill_makes_a_pod_slower_in_seconds() -> None:
+    store = pool()
+    queue_prefill(store, 0, 20_000)
+    p = predictions(store, request("x" * 4000))
+    busy, idle = p["10.0.0.1:8000"], p["10.0.0.2:8000"]
+    assert busy.queued_prefill == pytest.approx(20_000) and idle.queued_prefill == 0
+    assert busy.ttft > idle.ttft + 0.3  # 20k tokens at ~20 µs each, in 3 steps
+    assert idle.own_prefill == busy.own_prefill == 1000 and idle.cached_tokens == 0
+    assert busy.prefill_seconds == busy.ttft and busy.wait_seconds == 0.0
+
+
+def test_a_pod_with_the_prefix_cached_is_credited_with_it() -> None:
+    store = pool()
+    core = build_core(store, None, tick=0.05, seed=1)
+    document = "d" * 40_000
+
+    async def send() -> str:
+        decision, record = await core.director.handle_request(request(document + " first"))
+        core.director.release(record, Usage.of(10_000, 1))
+        return decision.targets[0].address
+
+    cached_on = asyncio.run(send())
+    cycle = CycleState()
+    req = request(document + " second question")
+    for producer in core.config.scheduler.producers:
+        producer.prepare(cycle, req, list(store.endpoints()))
+    p = cycle.predictions
+    assert p[cached_on].cached_tokens > 9_000
+    others = [v for a, v in p.items() if a != cached_on]
+    assert all(p[cached_on].ttft < o.ttft for o in others)
+    assert all(p[cached_on].work_seconds < o.work_seconds for o in others)
+
+
+def test_a_full_batch_waits_for_a_slot() -> None:
+    store = pool()
+    ep = store.endpoints()[0]
+    for _ in range(4):
+        item = Outstanding(100, 0, 200, 100.0, predicted_ttft=0.0)
+        ep.load.add(item, 100.0)
+        ep.load.first_byte(item, 100.0)
+    config = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: predicted-latency-producer, parameters: {maxNumSeqs: 4}}
+- type: latency-scorer
+"""
+    p = predictions(store, request("q" * 400), config)
+    assert p["10.0.0.1:8000"].wait_seconds > 0.1 and p["10.0.0.2:8000"].wait_seconds == 0.0
+
+
+def test_a_lora_adapter_without_a_free_slot_waits_for_one() -> None:
+    store = pool(models=frozenset({"base"}), active_models=frozenset({"a", "b"}), max_active_models=2,
+                 running_requests=4)
+    for ep in store.endpoints()[1:]:
+        ep.update_metrics(EndpointMetrics(models=frozenset({"base"}), active_models=frozenset({"c"}),
+                                          max_active_models=2, cache_block_size=16, cache_num_blocks=20_000,
+                                          update_time=99.99))
+    ep0 = store.endpoints()[0]
+    for _ in range(4):
+        item = Outstanding(100, 0, 200, 100.0)
+        ep0.load.add(item, 100.0)
+        ep0.load.first_byte(item, 100.0)
+    p = predictions(store, request("q" * 400, model="c"))
+    assert p["10.0.0.1:8000"].wait_seconds > p["10.0.0.2:8000"].wait_seconds == 0.0
+
+
+def test_the_scorer_ranks_on_cost_and_breaks_ties_by_work() -> None:
+    def pred(cost: float, work: float) -> Prediction:
+        return Prediction(ttft=cost, cost=cost, queued_prefill=0, own_prefill=1, cached_tokens=0, prompt_tokens=1,
+                          output_tokens=1, prefill_seconds=cost, wait_seconds=0.0, itl=0.01, work_seconds=work)
+
+    store = pool()
+    eps = list(store.endpoints())
+    cycle = CycleState()
+    cycle.predictions = {eps[0].address: pred(0.10, 0.05), eps[1].address: pred(0.101, 0.01),
+                         eps[2].address: pred(0.2, 0.01), eps[3].address: pred(0.4, 0.0)}
+    scores = LatencyScorer().score(cycle, request("x"), eps)
+    assert max(range(4), key=scores.__getitem__) == 1  # ties with 0 (within 2%), less work
+    assert scores[2] == pytest.approx(0.5) and scores[3] == pytest.approx(0.25)
+
+
+def test_slo_mode_sheds_a_sheddable_request_no_pod_can_serve_in_time() -> None:
+    store = pool()
+    for i in range(PODS):
+        queue_prefill(store, i, 100_000)  # every pod: seconds of prefill queued
+    core = build_core(store, None, tick=0.05, seed=1)
+
+    async def run(req: InferenceRequest) -> str:
+        decision, record = await core.director.handle_request(req)
+        core.director.release(record)
+        return decision.targets[0].address
+
+    with pytest.raises(EppError) as err:
+        asyncio.run(run(request("x" * 400, priority=-1, slo_ttft=0.2)))
+    assert err.value.http_status == 429
+    asyncio.run(run(request("x" * 400, priority=0, slo_ttft=0.2)))  # not sheddable: served anyway
+    asyncio.run(run(request("x" * 400, priority=-1)))  # no objective: served
+    store.endpoints()[2].load = type(store.endpoints()[2].load)()  # one pod drains
+    assert asyncio.run(run(request("x" * 400, priority=-1, slo_ttft=0.2))) == "10.0.0.3:8000"
+
+
+def test_the_prediction_error_and_slo_outcomes_are_reported() -> None:
+    store = pool()
+    seen: list[tuple[str, float, float]] = []
+
+    class Sink:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            def record(*args: object) -> None:
+                if name in ("ttft_predicted", "slo_outcome"):
+                    seen.append((name, *args[1:]))  # type: ignore[arg-type]
+            return record
+
+    core = build_core(store, None, tick=0.05, seed=1)
+    core.director.metrics = Sink()  # type: ignore[assignment]
+    times = iter([100.0, 100.0, 100.0, 100.05, 100.05, 100.3, 100.3])
+    store.clock = lambda: next(times, 100.3)
+
+    async def run() -> None:
+        decision, record = await core.director.handle_request(request("x" * 400, slo_ttft=0.1))
+        core.director.first_byte(record)
+        core.director.release(record, Usage.of(100, 10))
+
+    asyncio.run(run())
+    names = [name for name, *_ in seen]
+    assert names == ["ttft_predicted", "slo_outcome"] and seen[1][1] == "met"
+    ep = next(e for e in store.endpoints() if e.service.observations)
+    assert ep.service.observations >= 1
+    assert all(e.load.requests == 0 and e.inflight_requests == 0 for e in store.endpoints())
