@@ -35,9 +35,10 @@ class Arm:
 
 
 ARMS: dict[str, Arm] = {a.name: a for a in (
-    Arm("epp", "epp", note="Envoy + EPP, default config, response bodies through the EPP (reference setup)"),
-    Arm("epp-tuned", "epp", epp_config="epp-tuned.yaml", response_body_mode="NONE",
-        note="Envoy + EPP, bench/configs/epp-tuned.yaml, EPP off the token path"),
+    Arm("epp", "epp", note="Envoy + EPP, default config (predicted latency), response bodies through the EPP "
+                           "(reference setup)"),
+    Arm("epp-weighted", "epp", epp_config="weighted.yaml",
+        note="Envoy + EPP with the 'weighted' preset (the previous default)"),
     Arm("epp-reference", "epp", epp_config="reference-default.yaml",
         note="Envoy + EPP with the reference EPP's default profile (no in-flight scorer)"),
     Arm("envoy-rr", "envoy-rr", note="Envoy alone, round-robin"),

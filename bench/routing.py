@@ -57,9 +57,9 @@ SCENARIOS: dict[str, Scenario] = {
         "prefix", "Prefix-heavy: shared system prompts, multi-turn chats",
         PodSpec(num_gpu_blocks=1200, max_num_seqs=12, time_scale=1.0),
         rates=[12.0, 24.0, 32.0],
-        arms=["epp", "epp-tuned", "envoy-rr", *PEERS_PREFIX],
+        arms=["epp", "epp-weighted", "envoy-rr", *PEERS_PREFIX],
         duration=10.0, warmup=3.0,
-        quick_arms=["epp", "epp-tuned", "envoy-rr", "sglang-cache_aware", "vllm-cache_aware"]),
+        quick_arms=["epp", "epp-weighted", "envoy-rr", "sglang-cache_aware", "vllm-cache_aware"]),
     "balance": Scenario(
         "balance", "Load balancing: independent prompts of varied length",
         PodSpec(num_gpu_blocks=2000, max_num_seqs=8, time_scale=1.0),
@@ -71,9 +71,9 @@ SCENARIOS: dict[str, Scenario] = {
         "hol", "Head-of-line: short requests with a few very long generations",
         PodSpec(num_gpu_blocks=2000, max_num_seqs=8, time_scale=1.0),
         rates=[8.0, 14.0, 20.0],
-        arms=["epp", "epp-tuned", "envoy-rr", "sglang-cache_aware", "vllm-power_of_two"],
+        arms=["epp", "epp-weighted", "envoy-rr", "sglang-cache_aware", "vllm-power_of_two"],
         duration=10.0, warmup=3.0,
-        quick_arms=["epp", "epp-tuned", "envoy-rr", "sglang-cache_aware"]),
+        quick_arms=["epp", "epp-weighted", "envoy-rr", "sglang-cache_aware"]),
 }
 
 

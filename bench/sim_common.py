@@ -35,7 +35,7 @@ class SimTask:
     label: str
     workload: Workload
     policy: Policy
-    pods: int
+    pods: int | str  # a count, or a `--pods` spec ("8:h100,8:a100")
     seed: int = 1
     horizon: float | None = None
 

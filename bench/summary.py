@@ -29,7 +29,7 @@ def routing_lines(data: dict) -> list[str]:  # type: ignore[type-arg]
     rates = sorted({p["rate"] for p in points})
     at = {(p["arm"], p["rate"]): p for p in points}
     lines = [f"### {data['title']}", "",
-             "| rate | epp p90 ms (hit) | epp-tuned p90 ms (hit) | envoy-rr p90 ms (hit) | best peer | "
+             "| rate | epp p90 ms (hit) | epp-weighted p90 ms (hit) | envoy-rr p90 ms (hit) | best peer | "
              "best peer p90 ms (hit) | rr ÷ epp | best peer ÷ best epp |", "|---|---|---|---|---|---|---|---|"]
 
     def cell(p: dict | None) -> str:  # type: ignore[type-arg]
@@ -41,12 +41,12 @@ def routing_lines(data: dict) -> list[str]:  # type: ignore[type-arg]
     for r in rates:
         peers = [p for (a, rate), p in at.items() if rate == r and a.startswith(PEERS)]
         best = min(peers, key=lambda p: p["ttft"][1]) if peers else None
-        epp, tuned, rr = at.get(("epp", r)), at.get(("epp-tuned", r)), at.get(("envoy-rr", r))
-        epps = [p for p in (epp, tuned) if p]
+        epp, weighted, rr = at.get(("epp", r)), at.get(("epp-weighted", r)), at.get(("envoy-rr", r))
+        epps = [p for p in (epp, weighted) if p]
         best_epp = min(epps, key=lambda p: p["ttft"][1]) if epps else None
         ratio_rr = rr["ttft"][1] / epp["ttft"][1] if rr and epp else math.nan
         ratio_peer = best["ttft"][1] / best_epp["ttft"][1] if best and best_epp else math.nan
-        lines.append(f"| {r:g} | {cell(epp)} | {cell(tuned)} | {cell(rr)} | {best['arm'] if best else '–'} | "
+        lines.append(f"| {r:g} | {cell(epp)} | {cell(weighted)} | {cell(rr)} | {best['arm'] if best else '–'} | "
                      f"{cell(best)} | {_f(ratio_rr, 1, 2)} | {_f(ratio_peer, 1, 2)} |")
     return lines + [""]
 
