@@ -28,6 +28,7 @@ from epp.flowcontrol.flow_admission import FlowControlAdmission
 from epp.requestcontrol.director import Decision, RequestRecord
 from epp.scheduling.prefix_match import PrefixMatch
 from epp.sim.cluster.routers import Router
+from epp.sim.kv_events import EventBatch
 from epp.sim.cluster.traffic import Job
 
 if TYPE_CHECKING:
@@ -76,6 +77,11 @@ class EppRouter(Router):
         self.admission = core.admission
         self.director = core.director
         self.wants_metrics = self.config.data_layer is not None
+        # A precise prefix index hears every pod's KV events, as the runner's ZMQ subscribers
+        # would deliver them (after the feed's transport delay).
+        self._indexes = [producer.index for producer in core.precise_producers]
+        if self._indexes:
+            cluster.kv_events.subscribe(self._kv_events)
         # Per class: the headers its requests carry.
         self.classes = []
         for spec in workload.classes:
@@ -86,6 +92,12 @@ class EppRouter(Router):
                 headers[SLO_TTFT] = str(int(spec.slo_ttft * 1000))
             self.classes.append(headers)
         self._model = workload.model
+
+    def _kv_events(self, pod: int, seq: int, batch: EventBatch) -> None:
+        address = self.endpoints[pod].address
+        now = self.datastore.clock()
+        for index in self._indexes:
+            index.apply(address, batch.events, now)
 
     async def start(self) -> None:
         await self.admission.start()

@@ -117,6 +117,8 @@ class Report:
     over_claimed: float = math.nan
     prediction_error: float = math.nan
     busiest_share: float = math.nan
+    # Share of engine steps outside the step-time model's calibrated range (extrapolated timing).
+    steps_out_of_range: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -208,7 +210,8 @@ def build_report(run: RunResult, wall_seconds: float = 0.0, max_tenants: int = 0
         pod_load=[x.per_pod for x in s], pod_share=[n / total_served for n in served],
         end_time=run.end_time, unfinished=run.unfinished, wall_seconds=wall_seconds,
         ttft_quantiles=quantiles([j.first_token - j.arrival for j in ok]),
-        busiest_share=max(served) / total_served if served else math.nan, **why,
+        busiest_share=max(served) / total_served if served else math.nan,
+        steps_out_of_range=run.steps_out_of_range_share, **why,
     )
 
 
@@ -325,6 +328,10 @@ def render_text(reports: list[Report], *, max_tenants: int = 10) -> str:
                       table(GROUP_HEADERS, [group_row(g) for g in tenants])]
         if r.unfinished:
             lines.append(f"[{r.policy}] {r.unfinished} requests unfinished at the horizon")
+    outside = max(r.steps_out_of_range for r in reports)
+    if outside > 0.0:
+        lines += ["", f"note: up to {outside:.1%} of the engines' steps fall outside the step-time model's "
+                      "calibrated range (tokens per step or context): their durations are extrapolated"]
     walls = [f"{r.policy} {r.wall_seconds:.1f} s" for r in reports if r.wall_seconds]
     if walls:
         lines += ["", "wall time: " + ", ".join(walls)]
