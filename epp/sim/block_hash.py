@@ -52,3 +52,44 @@ def hash_blocks(token_ids: Sequence[int] | array, block_size: int, *, lora: str 
         h = _hash(data[j * step:(j + 1) * step], seed=seed)
         out.append(h)
     return out
+
+
+def hash_block(block_token_ids: array, parent: int | None, *, index: int, lora: str | None = None,
+               cache_salt: str | None = None) -> int:
+    """The hash of one full block (block `index` of its sequence) chained to `parent`.
+
+    The same value `hash_blocks` gives for that block; for blocks that fill while a request runs
+    (its generated tokens), one call per block."""
+    h = NONE_HASH if parent is None else parent
+    ids = block_token_ids if block_token_ids.typecode == "i" else array("i", block_token_ids)
+    return _hash(memoryview(ids).cast("B"), seed=extra_keys_seed(h, lora, cache_salt, index == 0))
+
+
+def event_extra_keys(lora: str | None, cache_salt: str | None, index: int) -> tuple[str, ...] | None:
+    """A block's extra keys as vLLM publishes them in `BlockStored.extra_keys` (untagged): the
+    LoRA name on every block, the cache salt after it on the first block, None when neither."""
+    if lora and index == 0 and cache_salt:
+        return (lora, cache_salt)
+    if lora:
+        return (lora,)
+    if index == 0 and cache_salt:
+        return (cache_salt,)
+    return None
+
+
+# Token ids for tokens the simulator has no real ids for: generated tokens, and prompts built from
+# bare sizes or counted text. Deterministic, in a range every tokenizer's vocabulary covers; they
+# stand in for real ids only in KV events and in the hashes of blocks the engine fills itself.
+SYNTHETIC_ID_BASE = 1000
+SYNTHETIC_ID_SPAN = 30000
+
+
+def synthetic_token_ids(key: int, start: int, count: int) -> array:
+    """`count` ids for positions `start`.. of the sequence `key` names (consecutive, wrapping)."""
+    first = (key + start) % SYNTHETIC_ID_SPAN
+    end = first + count
+    if end <= SYNTHETIC_ID_SPAN:
+        return array("i", range(SYNTHETIC_ID_BASE + first, SYNTHETIC_ID_BASE + end))
+    ids = array("i", range(SYNTHETIC_ID_BASE + first, SYNTHETIC_ID_BASE + SYNTHETIC_ID_SPAN))
+    ids.extend(range(SYNTHETIC_ID_BASE, SYNTHETIC_ID_BASE + end - SYNTHETIC_ID_SPAN))
+    return ids

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
 
 from epp.sim.config import SERVER_KINDS, EngineConfig, SimConfig
+from epp.sim.pool import describe_pool, engine_configs, parse_pods
 from epp.sim.server import start_pods, stop_pods
 from epp.sim.steptime import DEFAULT_PROFILE, kv_capacity_blocks, profiles
 
@@ -18,7 +20,10 @@ from epp.sim.steptime import DEFAULT_PROFILE, kv_capacity_blocks, profiles
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     eng = EngineConfig()
     sim = SimConfig()
-    parser.add_argument("--pods", type=int, default=1, help="number of pods (default 1)")
+    parser.add_argument("--pods", default="1", metavar="N|SPEC",
+                        help="number of pods (default 1), or groups COUNT[:PROFILE][:KEY=VALUE...] joined "
+                             "by commas, e.g. 2:h100,2:a100:max_num_seqs=64 (a group's profile sets its "
+                             "step time and KV capacity; the other flags are the base)")
     parser.add_argument("--base-port", type=int, default=8001,
                         help="port of the first pod; pod i listens on base+i (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
@@ -73,30 +78,47 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return cfg
 
 
+def pod_configs(args: argparse.Namespace, base: SimConfig) -> list[SimConfig]:
+    """One configuration per pod from `--pods` (a count, or groups of pod shapes)."""
+    groups = parse_pods(args.pods)
+    out = []
+    for engine in engine_configs(groups, base.engine):
+        cfg = dataclasses.replace(base, engine=engine)
+        cfg.validate()
+        out.append(cfg)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
+        configs = pod_configs(args, cfg)
     except ValueError as e:
         print(f"epp sim: {e}", file=sys.stderr)
         return 2
+    groups = parse_pods(args.pods)
+    if len(groups) > 1 or groups[0].profile or groups[0].settings:
+        print(f"epp sim: pods {describe_pool(groups)}", file=sys.stderr, flush=True)
     try:
-        asyncio.run(_serve(cfg, args.pods, args.base_port, args.host))
+        asyncio.run(_serve(configs, args.base_port, args.host))
     except OSError as e:
         print(f"epp sim: {e}", file=sys.stderr)
         return 1
     return 0
 
 
-async def _serve(cfg: SimConfig, n: int, base_port: int, host: str) -> None:
+async def _serve(configs: list[SimConfig], base_port: int, host: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    pods = await start_pods(n, base_port=base_port, host=host, config=cfg)
+    pods = await start_pods(len(configs), base_port=base_port, host=host, configs=configs)
     try:
         for pod in pods:
-            print(f"{pod.name} {pod.url} model={cfg.model}" + (f" engine={cfg.server}" if cfg.server != "vllm" else ""),
-                  flush=True)
+            e = pod.config.engine
+            server = f" engine={pod.config.server}" if pod.config.server != "vllm" else ""
+            print(f"{pod.name} {pod.url} model={pod.config.model}{server} profile={e.step_profile} "
+                  f"num_gpu_blocks={e.num_gpu_blocks} max_num_seqs={e.max_num_seqs}", flush=True)
         await stop.wait()
     finally:
         await stop_pods(pods)

@@ -5,19 +5,39 @@ Pure state and arithmetic, no I/O and no clock of its own: the caller passes `no
 calls `update()`. Per step the work is O(requests scheduled), so thousands of engines can run in
 virtual time on one core.
 
-Scheduling follows vLLM v1's scheduler: running requests first (decodes, unfinished prefill
-chunks), then waiting requests while the token budget, `max_num_seqs`, KV blocks and LoRA slots
-allow. When a running request cannot get a block the newest (fcfs) or lowest-priority request is
-preempted and later recomputed.
+Scheduling follows vLLM 0.32's `Scheduler.schedule` (`vllm/v1/core/sched/scheduler.py`):
+
+- Running requests first, in order (decodes and unfinished prefill chunks). One that cannot get a
+  block preempts the last running request (fcfs) or the lowest-priority one, the largest
+  `(priority, arrival_time)` (priority), possibly itself; once it preempted itself, no further
+  running request is scheduled in that step.
+- Then, only if nothing was preempted in the step, waiting requests in queue order while the token
+  budget, `max_num_seqs`, KV blocks (the whole sequence must fit: `scheduler_reserve_full_isl`)
+  and LoRA slots (adapters of the requests scheduled in this step) allow. A waiting request never
+  displaces a running one, whatever its priority: priority orders the waiting queue and picks
+  preemption victims, nothing more (vLLM issue #40004 is still open in 0.32).
+- A request's full blocks are cached as they are allocated, so a request admitted later in the
+  same step hits them (see kv_cache.py).
+- A step in which everything runnable was preempted runs empty in vLLM; the next step, which
+  admits the requeued requests, starts at once. Here both happen in one `schedule` call.
+
+Not modelled: async scheduling (vLLM 0.32's default overlaps scheduling with the GPU step; the
+step time has no CPU part by default, which is what that overlap achieves), speculative decoding,
+`long_prefill_token_threshold` (0 by default) and the `watermark` (0 by default).
 """
 
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import xxhash
+
+from epp.sim.block_hash import hash_blocks
 from epp.sim.config import EngineConfig
 from epp.sim.kv_cache import KVCacheManager
+from epp.sim.kv_events import KVEvent
 from epp.sim.queues import make_queue
 from epp.sim.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, RequestStatus
 from epp.sim.steptime import StepTimeModel
@@ -39,6 +59,10 @@ class SchedulerOutput:
     kv_tokens_read: int
     qk_pairs: float
     num_preempted: int
+    # Adapters loaded for this step (already in `duration`), and whether the step leaves the range
+    # the step-time model was calibrated on (tokens per step, or a sequence's context).
+    num_lora_loads: int = 0
+    out_of_range: bool = False
 
     @property
     def end_time(self) -> float:
@@ -89,7 +113,8 @@ class Engine:
         self.config.validate()
         self.step_time = step_time or self.config.step_time_model()
         self.kv = KVCacheManager(self.config.num_gpu_blocks, self.config.block_size,
-                                 self.config.enable_prefix_caching)
+                                 self.config.enable_prefix_caching,
+                                 self.config.enable_kv_cache_events)
         self.waiting = make_queue(self.config.scheduling_policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -104,6 +129,13 @@ class Engine:
         self.prompt_tokens_cached = 0
         self.generation_tokens = 0
         self.num_steps = 0
+        # Model steps outside the step-time model's calibrated range; steps that ran empty because
+        # everything runnable was preempted; adapter loads (LoRA not resident when scheduled).
+        self.num_steps_out_of_range = 0
+        self.num_empty_steps = 0
+        self.num_lora_loads = 0
+        # Adapters in the GPU's LoRA slots, least recently used first (vLLM's LRU worker manager).
+        self._resident_loras: OrderedDict[str, None] = OrderedDict()
         self.finished_by_reason: dict[str, int] = {FINISH_STOP: 0, FINISH_LENGTH: 0, FINISH_ABORT: 0}
 
     # ------------------------------------------------------------------ requests in and out
@@ -116,6 +148,11 @@ class Engine:
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         room = max_len - req.prompt_len
+        ids = req.prompt_token_ids
+        if ids is not None and len(ids) != req.prompt_len:
+            raise ValueError(f"{len(ids)} prompt token ids for a prompt of {req.prompt_len} tokens")
+        if self.config.enable_prefix_caching:
+            self._prepare_hashes(req)
         req.max_tokens = max(1, min(req.max_tokens, room))
         req.output_len = max(1, min(req.output_len, req.max_tokens))
         req.status = RequestStatus.WAITING
@@ -163,28 +200,32 @@ class Engine:
             raise RuntimeError("update() the step in flight before scheduling another")
         cfg = self.config
         self.now = now
-        scheduled: list[Request] = []
-        budget = cfg.max_num_batched_tokens
-        if cfg.batching == "prefill_first":
-            budget, preempted = self._schedule_running(scheduled, budget, want=1)
-            if not preempted:
-                budget = self._schedule_waiting(scheduled, budget, now)
-            if not scheduled:
-                budget, more = self._schedule_running(scheduled, budget, want=0)
-                preempted += more
-        else:
-            budget, preempted = self._schedule_running(scheduled, budget, want=-1)
-            if not preempted:
-                budget = self._schedule_waiting(scheduled, budget, now)
-        if not scheduled and preempted:
-            # Everything runnable was preempted (rare): let the requeued requests in right away.
-            budget = self._schedule_waiting(scheduled, budget, now)
+        total_preempted = 0
+        while True:
+            scheduled: list[Request] = []
+            budget = cfg.max_num_batched_tokens
+            if cfg.batching == "prefill_first":
+                budget, preempted = self._schedule_running(scheduled, budget, want=1)
+                if not preempted:
+                    budget = self._schedule_waiting(scheduled, budget, now)
+                if not scheduled:
+                    budget, more = self._schedule_running(scheduled, budget, want=0)
+                    preempted += more
+            else:
+                budget, preempted = self._schedule_running(scheduled, budget, want=-1)
+                if not preempted:
+                    budget = self._schedule_waiting(scheduled, budget, now)
+            total_preempted += preempted
+            if scheduled or not preempted:
+                break
+            # Everything runnable was preempted: vLLM runs this step with no tokens (no forward
+            # pass) and schedules again at once, admitting the requeued requests.
+            self.num_empty_steps += 1
         if not scheduled:
             return None
+        # (`num_preempted` counts the preemptions of an empty step folded into this one too.)
 
-        kv = self.kv
-        bs = cfg.block_size
-        prefill_tokens = decode_seqs = kv_tokens = 0
+        prefill_tokens = decode_seqs = kv_tokens = longest = 0
         qk = 0.0
         for r in scheduled:
             n = r.num_scheduled_tokens
@@ -195,11 +236,17 @@ class Engine:
             else:
                 prefill_tokens += n
                 qk += n * (c + n * 0.5)
-            if (c + n) // bs > c // bs:
-                kv.register_full_blocks(r, n)
-        duration = self.step_time.seconds(prefill_tokens, decode_seqs, kv_tokens, qk, len(scheduled))
+            if c + n > longest:
+                longest = c + n
+        st = self.step_time
+        duration = st.seconds(prefill_tokens, decode_seqs, kv_tokens, qk, len(scheduled))
+        loads = self._load_loras(scheduled) if cfg.max_loras else 0
+        if loads:
+            duration += loads * cfg.lora_load_ms * 1e-3
         out = SchedulerOutput(now, duration, scheduled, prefill_tokens, decode_seqs, kv_tokens, qk,
-                              preempted)
+                              total_preempted, loads,
+                              prefill_tokens + decode_seqs > st.max_tokens_per_step
+                              or longest > st.max_context)
         self._in_flight = out
         return out
 
@@ -209,6 +256,8 @@ class Engine:
             raise RuntimeError("update() must get the output of the last schedule()")
         self._in_flight = None
         self.num_steps += 1
+        if out.out_of_range:
+            self.num_steps_out_of_range += 1
         end = out.start_time + out.duration
         self.now = end
         new_tokens: list[Request] = []
@@ -283,7 +332,59 @@ class Engine:
             waiting_loras=waiting_loras,
         )
 
+    def take_kv_events(self) -> list[KVEvent]:
+        """KV-cache events recorded since the last call, oldest first (empty unless
+        `enable_kv_cache_events`). vLLM's scheduler takes them once per step and the engine core
+        publishes them as one batch: call this after each `update()`."""
+        return self.kv.take_events()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's `/reset_prefix_cache` (`Scheduler.reset_prefix_cache`): forget every cached
+        block. Fails (False) while requests hold blocks, unless `reset_running_requests`, which
+        first preempts every running request (call it between steps). The `AllBlocksCleared`
+        event is recorded now and so goes out with the next step's batch, as on vLLM."""
+        if reset_running_requests:
+            if self._in_flight is not None:
+                raise RuntimeError("reset running requests between steps, not during one")
+            while self.running:
+                self._preempt(self.running.pop())
+        return self.kv.reset_prefix_cache()
+
     # ------------------------------------------------------------------ internals
+
+    def _prepare_hashes(self, req: Request) -> None:
+        """Block hashes as vLLM computes them engine-side: from the token ids with the LoRA and
+        `cache_salt` (when the producer gave ids but no hashes), or, for hashes made without ids,
+        with the salt mixed into each (so only requests with the same salt share blocks)."""
+        ids = req.prompt_token_ids
+        if ids is not None:
+            if not req.block_hashes and req.prompt_len >= self.config.block_size:
+                req.block_hashes = hash_blocks(ids, self.config.block_size, lora=req.lora,
+                                               cache_salt=req.cache_salt)
+        elif req.cache_salt and req.block_hashes:
+            key = b"cache_salt:" + req.cache_salt.encode()
+            req.block_hashes = [_salted(key, seed=h) for h in req.block_hashes]
+
+    def _load_loras(self, scheduled: list[Request]) -> int:
+        """Adapters of this batch that are not in a GPU LoRA slot are loaded before the forward
+        pass (`LRUCacheWorkerLoRAManager.add_adapter`), evicting the least recently used."""
+        wanted = {r.lora for r in scheduled if r.lora}
+        if not wanted:
+            return 0
+        resident = self._resident_loras
+        names = sorted(wanted)
+        for name in names:
+            if name in resident:
+                resident.move_to_end(name)
+        loads = 0
+        for name in names:
+            if name not in resident:
+                if len(resident) >= self.config.max_loras:
+                    resident.popitem(last=False)
+                resident[name] = None
+                loads += 1
+        self.num_lora_loads += loads
+        return loads
 
     def _schedule_running(self, scheduled: list[Request], budget: int, want: int) -> tuple[int, int]:
         """Give running requests their next tokens; want: -1 any, 1 prefill only, 0 decode only.
@@ -306,25 +407,29 @@ class Engine:
                     continue
             if num_new > budget:
                 num_new = budget
-            scheduled_self = True
-            # Fast path: the request's last block still has room (15 of 16 decode steps).
-            while (req.num_computed_tokens + num_new > len(req.blocks) * bs
-                   and not kv.grow(req, num_new)):
-                victim = max(running, key=_priority_key) if priority else running[-1]
-                idx = running.index(victim) if priority else len(running) - 1
-                del running[idx]
-                if victim.num_scheduled_tokens:
-                    budget += victim.num_scheduled_tokens
-                    scheduled.remove(victim)
-                self._preempt(victim)
-                preempted += 1
-                if victim is req:
-                    scheduled_self = False
-                    break
-                if idx < i:
-                    i -= 1
-            if not scheduled_self:
-                continue  # `req` left the list; running[i] is now the next request
+            end = req.num_computed_tokens + num_new
+            # Fast path: no new block needed and none filled (15 of 16 decode steps).
+            if end > len(req.blocks) * bs or end // bs > req.num_cached_blocks:
+                ok = kv.allocate_running(req, num_new)
+                while not ok:
+                    if priority:
+                        victim = max(running, key=_victim_key)
+                        idx = running.index(victim)
+                        del running[idx]
+                        if idx < i:
+                            i -= 1
+                        if victim.num_scheduled_tokens:
+                            budget += victim.num_scheduled_tokens
+                            scheduled.remove(victim)
+                    else:
+                        victim = running.pop()
+                    self._preempt(victim)
+                    preempted += 1
+                    if victim is req:
+                        break
+                    ok = kv.allocate_running(req, num_new)
+                if not ok:
+                    break  # vLLM schedules no further running request in this step
             req.num_scheduled_tokens = num_new
             scheduled.append(req)
             budget -= num_new
@@ -338,13 +443,16 @@ class Engine:
         running = self.running
         kv = self.kv
         bs = cfg.block_size
+        full = cfg.scheduler_reserve_full_isl
+        caching = kv.enable_prefix_caching
         max_loras = cfg.max_loras
-        active_loras: set[str] = {r.lora for r in running if r.lora} if max_loras else set()
+        # The adapters of the requests scheduled so far in this step (vLLM's `scheduled_loras`).
+        loras = {r.lora for r in scheduled if r.lora} if max_loras else None
         skipped: list[Request] = []
-        while len(waiting) and budget > 0 and len(running) < cfg.max_num_seqs:
+        while budget > 0 and len(waiting) and len(running) < cfg.max_num_seqs:
             req = waiting.peek()
-            if (max_loras and req.lora and req.lora not in active_loras
-                    and len(active_loras) >= max_loras):
+            if (loras is not None and req.lora and req.lora not in loras
+                    and len(loras) >= max_loras):
                 skipped.append(waiting.pop())
                 continue
             hit_blocks = kv.cached_prefix_blocks(req)
@@ -352,19 +460,19 @@ class Engine:
             num_new = req.prompt_len + req.num_output_tokens - hit_tokens
             if num_new > budget:
                 num_new = budget
-            if not kv.admit(req, hit_blocks, num_new):
+            if not kv.allocate_new(req, hit_blocks, num_new, full):
                 break
             waiting.pop()
-            if req.num_cached_tokens < 0:
+            if req.num_cached_tokens < 0:  # first admission (vLLM: num_preemptions == 0)
                 req.num_cached_tokens = hit_tokens
-                if kv.enable_prefix_caching:
+                if caching:
                     kv.record_query(req.prompt_len, hit_tokens)
             if req.first_scheduled_time < 0:
                 req.first_scheduled_time = now
             req.status = _RUNNING
             running.append(req)
-            if req.lora and max_loras:
-                active_loras.add(req.lora)
+            if loras is not None and req.lora:
+                loras.add(req.lora)
             req.num_scheduled_tokens = num_new
             scheduled.append(req)
             budget -= num_new
@@ -395,5 +503,10 @@ class Engine:
         self.requests.pop(req.request_id, None)
 
 
-def _priority_key(r: Request) -> tuple[int, float, int]:
-    return (r.priority, r.arrival_time, r.seq)
+_salted = xxhash.xxh3_64_intdigest
+
+
+def _victim_key(r: Request) -> tuple[int, float]:
+    """vLLM's preemption order under the priority policy: the largest (priority, arrival_time)
+    goes first; on a tie, the earliest in the running list (Python's max keeps the first)."""
+    return (r.priority, r.arrival_time)

@@ -40,8 +40,11 @@ class Request:
     # Distinguishes this request's output blocks from every other request's in the prefix cache.
     salt: int = 0
     # The prompt's token ids (what KV events publish per stored block); None for requests built
-    # from bare sizes. `block_hashes` are computed from them (`block_hash.hash_blocks`).
+    # from bare sizes or counted text. Given ids, `block_hashes` come from them, vLLM's way
+    # (`block_hash.hash_blocks`, with `lora` and `cache_salt`); an engine fills them in if empty.
+    # Without ids the hashes know nothing of `cache_salt`, so the engine mixes it in on arrival.
     prompt_token_ids: array | None = None
+    # vLLM's `cache_salt`: only requests with the same salt share cached blocks.
     cache_salt: str | None = None
     # Free slot for the caller (e.g. the HTTP stream waiting on this request); the engine ignores it.
     user_data: object = None
@@ -54,9 +57,10 @@ class Request:
     # Prefix-cache hit tokens at first admission (-1 until admitted).
     num_cached_tokens: int = -1
     num_preemptions: int = 0
-    # Physical KV blocks held, in order: the block's hash if it is registered in the prefix cache,
-    # else None (partial block, or a duplicate of a block another request registered first).
-    blocks: list[int | None] = field(default_factory=list)
+    # Physical KV block ids held, in token order (the KV cache's; see kv_cache.py).
+    blocks: list[int] = field(default_factory=list)
+    # Leading blocks already entered into the prefix cache (vLLM's `num_cached_block`).
+    num_cached_blocks: int = 0
     finish_reason: str | None = None
     seq: int = 0
 

@@ -20,7 +20,7 @@ import logging
 import random
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -393,15 +393,20 @@ async def _uvicorn_headers(request: web.Request, response: web.StreamResponse) -
 
 
 async def start_pods(n: int, base_port: int = 0, host: str = "127.0.0.1",
-                     config: SimConfig | None = None) -> list[SimPod]:
+                     config: SimConfig | None = None,
+                     configs: Sequence[SimConfig] | None = None) -> list[SimPod]:
     """Start `n` pods on consecutive ports from `base_port` (0: free ports chosen by the OS).
 
-    Pod i gets `config.seed + i`, so pods differ in sampled output lengths but are reproducible.
+    Every pod runs `config`, or pod i runs `configs[i]` (a heterogeneous pool, see
+    `epp.sim.pool`). Pod i gets its config's seed + i, so pods differ in sampled output lengths
+    but are reproducible.
     """
-    base = config or SimConfig()
+    shapes = list(configs) if configs is not None else [config or SimConfig()] * n
+    if len(shapes) != n:
+        raise ValueError(f"{len(shapes)} pod configs for {n} pods")
     pods: list[SimPod] = []
     try:
-        for i in range(n):
+        for i, base in enumerate(shapes):
             cfg = replace(base, seed=base.seed + i)
             pod = SimPod(cfg, host=host, port=base_port + i if base_port else 0, name=f"pod-{i}")
             await pod.start()

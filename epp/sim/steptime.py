@@ -28,6 +28,10 @@ class StepTimeModel:
     # Host overhead (scheduling, sampling) of an engine that does not overlap CPU and GPU work.
     cpu_c_ms: float = 0.0
     cpu_ms_per_seq: float = 0.0
+    # The calibrated range: tokens per step, and tokens in one sequence's KV cache after the step
+    # (prefix plus chunk, or context plus one decode token). Steps beyond it are extrapolations.
+    max_tokens_per_step: int = 1 << 62
+    max_context: int = 1 << 62
 
     def seconds(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, qk_pairs: float,
                 num_reqs: int) -> float:
@@ -51,6 +55,8 @@ class StepTimeModel:
             prefill_attn_ms_per_qk_pair=p["prefill_attn_ms_per_qk_pair"],
             cpu_c_ms=p["cpu_overhead_c_ms"] if cpu_overhead else 0.0,
             cpu_ms_per_seq=p["cpu_overhead_ms_per_seq"] if cpu_overhead else 0.0,
+            max_tokens_per_step=int(p["calibrated_max_tokens_per_step"]),
+            max_context=int(p["calibrated_max_context"]),
         )
 
 
@@ -59,9 +65,22 @@ def profiles() -> list[str]:
     return sorted(k for k in _data() if not k.startswith("_"))
 
 
-def kv_capacity_blocks(profile: str = DEFAULT_PROFILE) -> int:
-    """KV-cache blocks (of 16 tokens) the profile's GPU holds for the model."""
-    return int(_profile(profile)["kv_capacity_blocks"])
+def kv_capacity_blocks(profile: str = DEFAULT_PROFILE, block_size: int = 16) -> int:
+    """KV-cache blocks of `block_size` tokens the profile's GPU holds for the model."""
+    p = _profile(profile)
+    tokens = int(p["kv_capacity_blocks"]) * int(p["block_size"])
+    return tokens // block_size
+
+
+def resolve_profile(name: str) -> str:
+    """A profile's full name from itself or a unique prefix ("a100" -> "a100-llama3-8b")."""
+    known = profiles()
+    if name in known:
+        return name
+    matches = [p for p in known if p.startswith(name + "-")] if name else []
+    if len(matches) == 1:
+        return matches[0]
+    raise ValueError(f"unknown step-time profile {name!r}; known: {', '.join(known)}")
 
 
 def _profile(name: str) -> dict[str, float]:

@@ -65,7 +65,7 @@ def test_same_seed_same_report_for_every_policy_and_flow_control() -> None:
     policies = expand_policies(["all"], [EppArm("epp"), EppArm("epp-fc", FLOW_CONTROL)])
     first = simulate(w, pods=2, policies=policies, seed=5)
     second = simulate(w, pods=2, policies=policies, seed=5)
-    assert [r.policy for r in first] == ["epp", "epp-fc", "random", "round-robin", "least-queue", "oracle"]
+    assert [r.policy for r in first] == ["epp", "epp-fc", "random", "round-robin", "least-queue", "greedy-oracle"]
     for a, b in zip(first, second):
         assert json.dumps(_without_wall(a)) == json.dumps(_without_wall(b))
         assert a.ok > 0 and a.errors == {}

@@ -323,22 +323,27 @@ def test_abort_waiting_running_and_in_flight_requests() -> None:
 # ---------------------------------------------------------------- accounting invariants
 
 def _check_kv(eng: Engine) -> None:
+    """Reference counts equal the holders of each physical block; free = empty + idle cached."""
     kv = eng.kv
     held: dict[int, int] = {}
-    private = 0
     for r in eng.running:
-        for h in r.blocks:
-            if h is None:
-                private += 1
-            else:
-                held[h] = held.get(h, 0) + 1
+        assert len(set(r.blocks)) == len(r.blocks)
+        for b in r.blocks:
+            held[b] = held.get(b, 0) + 1
     for r in eng.waiting:
         assert not r.blocks and r.num_computed_tokens == 0
     refs = kv._ref
-    assert {h: c for h, c in refs.items() if c} == held
-    assert set(kv._evictable) == {h for h, c in refs.items() if c == 0}
-    assert kv.num_free_blocks == kv.num_usable_blocks - private - len(held)
-    assert kv.num_free_blocks >= len(kv._evictable)
+    assert {b: c for b, c in enumerate(refs) if c} == held
+    assert set(kv._evictable) == {b for b, c in enumerate(refs) if c == 0 and kv._hash[b] != -1}
+    assert set(kv._free_ids) == {b for b in range(1, len(refs)) if refs[b] == 0 and kv._hash[b] == -1}
+    assert kv.num_free_blocks == kv.num_usable_blocks - len(held)
+    # Every cached block is found under its hash (the oldest copy first, then the duplicates).
+    copies: dict[int, list[int]] = {}
+    for b, h in enumerate(kv._hash):
+        if h != -1:
+            copies.setdefault(h, []).append(b)
+    assert {h: sorted([b, *kv._dups.get(h, [])]) for h, b in kv._cached.items()} == \
+        {h: sorted(bs) for h, bs in copies.items()}
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])

@@ -44,7 +44,7 @@ def test_simulate_prints_a_table_and_writes_json_and_plots(tmp_path: Path, capsy
     for name in ("epp", "random", "round-robin", "least-queue", "oracle", "per class", "chat", "batch"):
         assert name in text
     data = json.loads(out.read_text())
-    assert [r["policy"] for r in data["reports"]] == ["epp", "random", "round-robin", "least-queue", "oracle"]
+    assert [r["policy"] for r in data["reports"]] == ["epp", "random", "round-robin", "least-queue", "greedy-oracle"]
     assert all(r["ok"] == r["requests"] > 0 for r in data["reports"])
     if plots:
         assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [

@@ -25,10 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", action="append", default=[], metavar="FILE",
                         help="EndpointPickerConfig for the EPP (repeat to compare configs; default: built-in)")
     parser.add_argument("--workload", metavar="FILE|NAME", help="workload YAML, or a shipped workload's name")
-    parser.add_argument("--pods", type=int, default=4, help="simulated vLLM pods (default 4)")
+    parser.add_argument("--pods", default="4", metavar="N|SPEC",
+                        help="simulated vLLM pods: a count (default 4), or groups COUNT[:PROFILE][:KEY=VALUE...] "
+                             "joined by commas, e.g. 8:h100,8:a100 or 4:a100:max_num_seqs=64")
     parser.add_argument("--policy", action="append", default=[], metavar="NAME",
-                        help="epp, random, round-robin, least-queue, oracle or all (repeatable or "
-                             "comma-separated; default epp)")
+                        help="epp, random, round-robin, least-queue, greedy-oracle (alias oracle) or all "
+                             "(repeatable or comma-separated; default epp)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: the workload's)")
     parser.add_argument("--json", metavar="FILE", help="write the reports as JSON")
     parser.add_argument("--plots", metavar="DIR", help="write PNG plots (needs matplotlib: pip install epp[sim])")
@@ -57,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
         print("error: --workload is required (a file, or one of: " + ", ".join(builtin_names()) + ")",
               file=sys.stderr)
         return 2
-    if args.pods < 1:
-        print("error: --pods must be >= 1", file=sys.stderr)
+    from epp.sim.pool import parse_pods, pool_size
+
+    try:
+        pods = parse_pods(args.pods)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         workload = load_workload(args.workload)
@@ -79,14 +85,15 @@ def run(args: argparse.Namespace) -> int:
 
             if not have_matplotlib():
                 raise ConfigError("--plots needs matplotlib (pip install 'epp[sim]')")
-        reports = simulate(workload, pods=args.pods, policies=policies, seed=args.seed, refresh_interval=refresh,
+        reports = simulate(workload, pods=pods, policies=policies, seed=args.seed, refresh_interval=refresh,
                            horizon=horizon, progress=lambda line: print(line, file=sys.stderr, flush=True))
     except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render_text(reports, max_tenants=args.tenants))
     if args.json:
-        data = {"workload": workload.name, "pods": args.pods, "reports": [r.to_json() for r in reports]}
+        data = {"workload": workload.name, "pods": pool_size(pods), "pod_spec": args.pods,
+                "reports": [r.to_json() for r in reports]}
         Path(args.json).write_text(json.dumps(data, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plots:

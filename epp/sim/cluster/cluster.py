@@ -20,6 +20,7 @@ import asyncio
 import gc
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from epp.errors import EppError
@@ -28,9 +29,11 @@ from epp.sim.cluster.routers import Router
 from epp.sim.cluster.traffic import Job, Traffic
 from epp.sim.cluster.vloop import VirtualTimeLoop, run_virtual
 from epp.sim.cluster.workload import Workload
-from epp.sim.config import SimConfig
+from epp.sim.config import EngineConfig, SimConfig
 from epp.sim.factory import RequestFactory
+from epp.sim.pool import PodGroup, describe_pool, engine_configs, parse_pods
 from epp.sim.request import FINISH_ABORT, Request
+from epp.sim.steptime import StepTimeModel
 
 log = logging.getLogger("epp.sim.cluster")
 
@@ -60,6 +63,12 @@ class PodStats:
     preemptions: int
     busy_time: float
     served: int
+    # The pod's shape (`PodGroup.describe()`: profile and settings), its model steps, and those
+    # outside the step-time model's calibrated range (tokens per step, or context).
+    shape: str = "base"
+    steps: int = 0
+    steps_out_of_range: int = 0
+    lora_loads: int = 0
 
 
 @dataclass(slots=True)
@@ -79,26 +88,44 @@ class RunResult:
     sample_interval: float = 1.0
     # Per-token inter-token latency: step duration (rounded to 0.1 ms) -> decode tokens, all pods.
     itl_hist: dict[float, int] = field(default_factory=dict)
+    # The pool, e.g. "8 x h100-llama3-8b, 8 x a100-llama3-8b" (`pool.describe_pool`).
+    pool: str = ""
+
+    @property
+    def steps_out_of_range_share(self) -> float:
+        """Share of all model steps outside the calibrated step-time range (0..1): how much of
+        the run's timing is extrapolated ("N% of steps outside the calibrated range")."""
+        steps = sum(p.steps for p in self.pod_stats)
+        return sum(p.steps_out_of_range for p in self.pod_stats) / steps if steps else 0.0
 
 
 class Cluster:
     """Runs one workload against one router; `run()` returns a `RunResult`."""
 
-    def __init__(self, workload: Workload, router: Router, *, pods: int, seed: int | None = None,
-                 refresh_interval: float = 0.05, sample_interval: float = 1.0,
+    def __init__(self, workload: Workload, router: Router, *, pods: int | str | Sequence[PodGroup],
+                 seed: int | None = None, refresh_interval: float = 0.05, sample_interval: float = 1.0,
                  horizon: float | None = None, sim_config: SimConfig | None = None,
                  scrape_phase: bool = True, pause_gc: bool = True) -> None:
-        if pods < 1:
-            raise ValueError("pods must be >= 1")
+        """`pods`: a count, a `--pods` spec ("8:h100,8:a100") or its parsed groups; every pod
+        starts from the workload's engine configuration (or `sim_config`'s)."""
         if refresh_interval <= 0:
             raise ValueError("refresh_interval must be > 0")
+        if isinstance(pods, int) and pods < 1:
+            raise ValueError("pods must be >= 1")
         self.workload = workload
         self.router = router
-        self.num_pods = pods
         self.seed = workload.seed if seed is None else seed
         self.refresh_interval = refresh_interval
         self.sample_interval = sample_interval
         self.sim_config = sim_config or workload.sim_config()
+        self.groups = parse_pods(pods) if isinstance(pods, (int, str)) else list(pods)
+        self.pod_configs: list[EngineConfig] = engine_configs(self.groups, self.sim_config.engine)
+        self.pod_shapes = [g.describe() for g in self.groups for _ in range(g.count)]
+        self.num_pods = len(self.pod_configs)
+        sizes = {c.block_size for c in self.pod_configs}
+        if len(sizes) > 1:
+            raise ValueError(f"--pods: the pods of one run must share block_size (got {sorted(sizes)}): "
+                             "a request's block hashes are made once, before it is routed")
         self.horizon = horizon if horizon is not None else workload.duration * 10 + 600.0
         self.scrape_phase = scrape_phase
         self.pause_gc = pause_gc
@@ -128,8 +155,14 @@ class Cluster:
     async def _main(self) -> RunResult:
         loop = self.loop
         cfg = self.sim_config
-        step_time = cfg.engine.step_time_model()
-        self.pods = [ClusterPod(i, cfg.engine, loop, self._finished, step_time) for i in range(self.num_pods)]
+        models: dict[tuple[str, bool], StepTimeModel] = {}
+        self.pods = []
+        for i, engine_cfg in enumerate(self.pod_configs):
+            key = (engine_cfg.step_profile, engine_cfg.cpu_overhead)
+            step_time = models.get(key)
+            if step_time is None:
+                step_time = models[key] = engine_cfg.step_time_model()
+            self.pods.append(ClusterPod(i, engine_cfg, loop, self._finished, step_time))
         self.factory = RequestFactory(cfg, seed=self.seed)
         self.traffic = Traffic(self.workload, pods=self.num_pods, seed=self.seed,
                                max_model_len=cfg.engine.max_model_len)
@@ -171,7 +204,9 @@ class Cluster:
             e = pod.engine
             stats.append(PodStats(prefix_queries=e.kv.queries, prefix_hits=e.kv.hits, prompt_tokens=e.prompt_tokens,
                                   generation_tokens=e.generation_tokens, preemptions=e.num_preemptions,
-                                  busy_time=pod.busy_time, served=sum(e.finished_by_reason.values())))
+                                  busy_time=pod.busy_time, served=sum(e.finished_by_reason.values()),
+                                  shape=self.pod_shapes[pod.index], steps=e.num_steps,
+                                  steps_out_of_range=e.num_steps_out_of_range, lora_loads=e.num_lora_loads))
         itl_hist: dict[float, int] = {}
         for pod in self.pods:
             for k, v in pod.itl_hist.items():
@@ -180,7 +215,8 @@ class Cluster:
         flow = bool(getattr(self.router, "flow_control", False))
         return RunResult(policy=self.router.name, workload=self.workload, pods=self.num_pods, seed=self.seed,
                          jobs=self.jobs, samples=self.samples, pod_stats=stats, end_time=end, unfinished=unfinished,
-                         flow_control=flow, sample_interval=self.sample_interval, itl_hist=itl_hist)
+                         flow_control=flow, sample_interval=self.sample_interval, itl_hist=itl_hist,
+                         pool=describe_pool(self.groups))
 
     # -- arrivals --
 
@@ -290,7 +326,8 @@ class Cluster:
         self.loop.call_at(now + self.sample_interval, self._sample)
 
 
-def run_cluster(workload: Workload, router: Router, *, pods: int, seed: int | None = None,
+def run_cluster(workload: Workload, router: Router, *, pods: int | str | Sequence[PodGroup],
+                seed: int | None = None,
                 **kwargs: object) -> RunResult:
     """Convenience: build a `Cluster` and run it."""
     return Cluster(workload, router, pods=pods, seed=seed, **kwargs).run()  # type: ignore[arg-type]

@@ -9,10 +9,12 @@ pod's scrapes through `observe`, on the same schedule and with the same stalenes
 - `round-robin`: pod 0, 1, 2, ... in turn.
 - `least-queue`: the shortest *scraped* waiting queue (ties: fewest scraped running, then
   random) — what a metrics-only balancer without the EPP's in-flight accounting does.
-- `oracle`: sees the true engine state at the moment of the decision — each pod's real
-  prefix-cache hit for this prompt, its real queue, batch and free KV blocks — and sends the
-  request where its estimated time to first token is lowest. A greedy bound, not an optimum: it
-  knows the present perfectly and the future not at all.
+- `greedy-oracle` (alias `oracle`): sees the true engine state at the moment of the decision —
+  each pod's real prefix-cache hit for this prompt, its real queue, batch and free KV blocks —
+  and sends the request where its estimated time to first token is lowest, with the pod's own
+  step-time model including prefill attention (the Q term: the prefill ahead of it and its own).
+  Greedy, not a bound: it knows the present perfectly and the future not at all, so a policy can
+  beat it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from epp.sim.cluster.traffic import Job
 if TYPE_CHECKING:
     from epp.sim.cluster.cluster import Cluster
 
-REFERENCE_POLICIES = ("random", "round-robin", "least-queue", "oracle")
+REFERENCE_POLICIES = ("random", "round-robin", "least-queue", "greedy-oracle")
+# Old names still accepted; a run asked for by an old name keeps that name in its report, so
+# scripts that look it up (bench/scale.py) keep working.
+POLICY_ALIASES = {"oracle": "greedy-oracle"}
 
 
 class Router(ABC):
@@ -113,32 +118,40 @@ class LeastQueueRouter(Router):
 
 
 class OracleRouter(Router):
-    """Least estimated time to first token, from the true engine state."""
+    """Least estimated time to first token, from the true engine state (greedy)."""
 
-    name = "oracle"
+    name = "greedy-oracle"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, name: str = "greedy-oracle") -> None:
+        self.name = name
         self.rng = random.Random(f"{seed}:oracle")
-        self._ahead: list[tuple[int, int, int]] = []  # per pod: (steps, waiting, tokens) memo
+        # Per pod: (steps, waiting, tokens, query-key pairs) memo of the prefill work ahead.
+        self._ahead: list[tuple[int, int, int, float]] = []
 
     def attach(self, cluster: Cluster) -> None:
         super().attach(cluster)
-        self._ahead = [(-1, -1, 0) for _ in cluster.pods]
+        self._ahead = [(-1, -1, 0, 0.0) for _ in cluster.pods]
 
-    def _tokens_ahead(self, i: int) -> int:
-        """Prefill tokens queued in front of a new request (waiting + unfinished prefills)."""
+    def _work_ahead(self, i: int) -> tuple[int, float]:
+        """Prefill queued in front of a new request (waiting + unfinished prefills): its tokens
+        and its attention query-key pairs, Σ n·(k + n/2) for n tokens still to compute after k."""
         engine = self.cluster.pods[i].engine
         memo = self._ahead[i]
         if memo[0] == engine.num_steps and memo[1] == len(engine.waiting):
-            return memo[2]
+            return memo[2], memo[3]
         total = 0
+        qk = 0.0
         for r in engine.waiting:
-            total += r.prompt_len + r.num_output_tokens - r.num_computed_tokens
+            n = r.prompt_len + r.num_output_tokens - r.num_computed_tokens
+            total += n
+            qk += n * (r.num_computed_tokens + n * 0.5)
         for r in engine.running:
             if r.num_output_tokens == 0:
-                total += r.prompt_len - r.num_computed_tokens
-        self._ahead[i] = (engine.num_steps, len(engine.waiting), total)
-        return total
+                n = r.prompt_len - r.num_computed_tokens
+                total += n
+                qk += n * (r.num_computed_tokens + n * 0.5)
+        self._ahead[i] = (engine.num_steps, len(engine.waiting), total, qk)
+        return total, qk
 
     def estimate(self, i: int, job: Job) -> float:
         """Seconds until `job`'s first token if it were sent to pod `i` now."""
@@ -149,15 +162,19 @@ class OracleRouter(Router):
         assert req is not None
         hit = engine.kv.cached_prefix_blocks(req) * cfg.block_size
         mine = req.prompt_len - hit
-        ahead = self._tokens_ahead(i)
+        ahead, qk_ahead = self._work_ahead(i)
         work = ahead + mine
         budget = cfg.max_num_batched_tokens
         running = len(engine.running)
         decodes = min(running, cfg.max_num_seqs)
         kv_tokens = int(engine.kv.usage * engine.kv.num_usable_blocks * cfg.block_size)
-        step = engine.step_time.seconds(min(budget, work), decodes, kv_tokens, 0.0, decodes + 1)
+        st = engine.step_time
+        step = st.seconds(min(budget, work), decodes, kv_tokens, 0.0, decodes + 1)
         steps = 1.0 + work / budget
-        est = steps * step
+        # Prefill attention is additive over chunks (Σ c·(k + c/2) telescopes to n·(k0 + n/2)),
+        # so the whole queue's and this prompt's Q terms are added once, not per step.
+        qk = qk_ahead + mine * (hit + mine * 0.5)
+        est = steps * step + st.prefill_attn_ms_per_qk_pair * qk * 1e-3
         free = engine.kv.num_free_blocks * cfg.block_size
         if work > free:  # it waits for running requests to finish and free their blocks
             est += 4.0 * step * (work - free) / budget
@@ -182,11 +199,15 @@ class OracleRouter(Router):
 
 
 def reference_router(name: str, seed: int = 0) -> Router:
+    """A reference policy by name (or old alias: `oracle` is `greedy-oracle`)."""
+    canonical = POLICY_ALIASES.get(name, name)
+    if canonical == "greedy-oracle":
+        return OracleRouter(seed, name=name)
     routers: dict[str, type[Router]] = {
         "random": RandomRouter, "round-robin": RoundRobinRouter, "least-queue": LeastQueueRouter,
-        "oracle": OracleRouter,
     }
-    cls = routers.get(name)
+    cls = routers.get(canonical)
     if cls is None:
-        raise ValueError(f"unknown policy {name!r} (known: epp, {', '.join(REFERENCE_POLICIES)})")
+        raise ValueError(f"unknown policy {name!r} (known: epp, {', '.join(REFERENCE_POLICIES)}; "
+                         f"alias: {', '.join(POLICY_ALIASES)})")
     return cls(seed)  # type: ignore[call-arg]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from epp.sim.cluster.cluster import Cluster
 from epp.sim.cluster.epp_router import EppRouter
 from epp.sim.cluster.report import Report, build_report
-from epp.sim.cluster.routers import REFERENCE_POLICIES, Router, reference_router
+from epp.sim.cluster.routers import POLICY_ALIASES, REFERENCE_POLICIES, Router, reference_router
 from epp.sim.cluster.workload import Workload
+from epp.sim.pool import PodGroup, describe_pool, parse_pods
 
 POLICIES = ("epp", *REFERENCE_POLICIES)
 
@@ -41,8 +42,9 @@ def expand_policies(names: Sequence[str], arms: Sequence[EppArm] = ()) -> list[P
             if part == "all":
                 wanted.extend(POLICIES)
             elif part:
-                if part not in POLICIES:
-                    raise ValueError(f"unknown policy {part!r} (known: {', '.join(POLICIES)}, all)")
+                if part not in POLICIES and part not in POLICY_ALIASES:
+                    raise ValueError(f"unknown policy {part!r} (known: {', '.join(POLICIES)}, all; "
+                                     f"alias: {', '.join(POLICY_ALIASES)})")
                 wanted.append(part)
     out: list[Policy] = []
     for name in dict.fromkeys(wanted):
@@ -61,7 +63,10 @@ def make_router(policy: Policy, *, seed: int, refresh_interval: float = 0.05) ->
     return reference_router(policy, seed)
 
 
-def run_policy(workload: Workload, policy: Policy, *, pods: int, seed: int | None = None,
+Pods = int | str | Sequence[PodGroup]
+
+
+def run_policy(workload: Workload, policy: Policy, *, pods: Pods, seed: int | None = None,
                refresh_interval: float = 0.05, horizon: float | None = None, max_tenants: int = 0) -> Report:
     """One policy on a fresh cluster; the report carries the run's wall time."""
     seed = workload.seed if seed is None else seed
@@ -72,15 +77,21 @@ def run_policy(workload: Workload, policy: Policy, *, pods: int, seed: int | Non
     return build_report(result, time.perf_counter() - started, max_tenants=max_tenants)
 
 
-def simulate(workload: Workload, *, pods: int, policies: Sequence[Policy] = ("epp",), seed: int | None = None,
-             refresh_interval: float = 0.05, horizon: float | None = None, max_tenants: int = 0,
-             progress: Progress | None = None) -> list[Report]:
-    """Run each policy on the workload (same seed), in order; `progress` hears a line per run."""
+def simulate(workload: Workload, *, pods: Pods, policies: Sequence[Policy] = ("epp",),
+             seed: int | None = None, refresh_interval: float = 0.05, horizon: float | None = None,
+             max_tenants: int = 0, progress: Progress | None = None) -> list[Report]:
+    """Run each policy on the workload (same seed), in order; `progress` hears a line per run.
+
+    `pods`: a count, a `--pods` spec ("8:h100,8:a100:max_num_seqs=64") or its parsed groups."""
+    if isinstance(pods, (int, str)):
+        pods = parse_pods(pods)
+    if progress and (len(pods) > 1 or pods[0].profile or pods[0].settings):
+        progress(f"{workload.name}: pods {describe_pool(pods)}")
     reports = []
     for policy in policies:
         name = policy.name if isinstance(policy, EppArm) else policy
         if progress:
-            progress(f"{workload.name}: {name} on {pods} pods ...")
+            progress(f"{workload.name}: {name} on {sum(g.count for g in pods)} pods ...")
         report = run_policy(workload, policy, pods=pods, seed=seed, refresh_interval=refresh_interval,
                             horizon=horizon, max_tenants=max_tenants)
         if progress:
