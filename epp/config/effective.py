@@ -56,7 +56,8 @@ def settings(plugin: Plugin) -> dict[str, Any]:
 def _gate(gate: DispatchGate) -> dict[str, Any]:
     return {"queueDepthThreshold": gate.queue_depth_threshold, "kvCacheUtilThreshold": gate.kv_cache_util_threshold,
             "interTokenLatencyThreshold": gate.inter_token_latency_threshold,
-            "inflightRequestsThreshold": gate.inflight_requests_threshold, "inflightGuard": gate.inflight_guard}
+            "inflightRequestsThreshold": gate.inflight_requests_threshold, "inflightGuard": gate.inflight_guard,
+            "queuedTokensThreshold": gate.queued_tokens_threshold}
 
 
 def _band(band: BandConfig, config: FlowControlConfig) -> dict[str, Any]:

@@ -6,8 +6,9 @@ fairnessPolicyRef, orderingPolicyRef}`, `usageLimitPolicyPluginRef`.
 
 Ours (a GIE config never has them, so it behaves as in the reference):
 - `priorityBands[].dispatchGate` / `defaultPriorityBand.dispatchGate`: per-band endpoint
-  thresholds, see `gate.DispatchGate` — `queueDepthThreshold`, `kvCacheUtilThreshold`,
-  `interTokenLatencyThreshold` (a duration), `inflightRequestsThreshold`, `inflightGuard`.
+  thresholds, see `gate.DispatchGate` — `queueDepthThreshold`, `queuedTokensThreshold`,
+  `kvCacheUtilThreshold`, `interTokenLatencyThreshold` (a duration), `inflightRequestsThreshold`,
+  `inflightGuard`.
 - `priorityBands[].shedWhenSaturated`: reject this band's requests with 429 at once while the pool
   is saturated (the legacy behaviour) instead of queueing them. Default false (the reference
   queues sheddable requests under flow control).
@@ -204,10 +205,11 @@ def _gate(s: _Section) -> DispatchGate:
         raise s.error("interTokenLatencyThreshold", "must be > 0")
     inflight = s.int("inflightRequestsThreshold", 0, min=1) or None
     guard = s.bool("inflightGuard", True)
+    tokens = s.int("queuedTokensThreshold", 0, min=1) or None
     s.done()
     return DispatchGate(queue_depth_threshold=queue, kv_cache_util_threshold=kv,
                         inter_token_latency_threshold=itl, inflight_requests_threshold=inflight,
-                        inflight_guard=guard)
+                        inflight_guard=guard, queued_tokens_threshold=tokens)
 
 
 def check_plugin(plugin: Plugin, path: str, kind: type[P]) -> P:

@@ -429,7 +429,7 @@ class FlowController:
         item.state = ItemState.DISPATCHED
         item.endpoint = result.primary
         item.dispatch_time = now
-        self._recent.add(result.primary)
+        self._recent.add(result.primary, item.request.prompt_tokens_estimate)
         return self._end(item, Outcome.DISPATCHED, now, result=result)
 
     # -- completion --
