@@ -63,6 +63,7 @@ from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.sink import FlowMetricsSink
 from epp.flowcontrol.slots import SlotLedger
 from epp.scheduling.framework import SchedulingResult
+from epp.scheduling.prefix_match import PrefixMatch
 
 log = logging.getLogger("epp.flowcontrol")
 
@@ -72,6 +73,15 @@ MAX_PASSED_OVER = 32  # flows of one band a dispatch may pass over (slot fairnes
 
 def _deadline(item: QueueItem) -> float:
     return item.deadline
+
+
+def _uncached_tokens(item: QueueItem, result: SchedulingResult) -> int:
+    """The prompt tokens the chosen endpoint must prefill: the estimate less what the cycle's
+    prefix producers believe it holds (what the queued-tokens gate counts)."""
+    prompt = item.request.prompt_tokens_estimate
+    address = result.primary.address
+    held = max((m.tokens(address) for m in result.cycle.data.values() if isinstance(m, PrefixMatch)), default=0)
+    return max(0, prompt - held)
 
 
 class FlowController:
@@ -429,7 +439,7 @@ class FlowController:
         item.state = ItemState.DISPATCHED
         item.endpoint = result.primary
         item.dispatch_time = now
-        self._recent.add(result.primary, item.request.prompt_tokens_estimate)
+        self._recent.add(result.primary, _uncached_tokens(item, result))
         return self._end(item, Outcome.DISPATCHED, now, result=result)
 
     # -- completion --

@@ -9,9 +9,11 @@ while it is empty — and may stop sending to a pod whose inter-token latency is
 Counting requests is blind to their size: three waiting 2,000-token prompts hold a newcomer for
 a long prefill step, thirty waiting 50-token prompts for almost nothing, and a request-count
 threshold low enough for the first throttles a flood of the second far below what the engine
-would admit. `queuedTokensThreshold` bounds the prompt tokens waiting instead: the scraped
-waiting requests, each counted at the mean prompt size of what we sent the endpoint, plus the
-prompts sent since that scrape (estimates: 4 characters a token; a cached prefix still counts).
+would admit. `queuedTokensThreshold` bounds the prompt tokens waiting to be prefilled instead:
+the scraped waiting requests, each counted at the mean size of what we sent the endpoint, plus
+what we sent since that scrape. A request counts its prompt (4 characters a token) less the
+prefix the scheduling cycle's prefix producer believes the chosen endpoint holds, so a chat turn
+over a cached history counts its new tokens only.
 
 Scraped metrics are up to one scrape interval old, so a burst could overfill a pod before the
 next scrape shows it. The *in-flight guard* counts the requests we dispatched to an endpoint

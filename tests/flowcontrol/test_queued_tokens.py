@@ -4,6 +4,7 @@ not the number of requests, so short prompts are not throttled like long ones.""
 from __future__ import annotations
 
 from epp.flowcontrol.gate import DEFAULT_PROMPT_TOKENS, RecentDispatches
+from epp.scheduling.prefix_match import PrefixMatch
 
 from .helpers import Pool, Scheduler, controller, dispatched, item, request
 
@@ -59,3 +60,20 @@ def test_without_the_guard_only_the_scrape_counts() -> None:
     assert recent.queued_tokens(ep) == 2 * 3000 + 3000
     pool.scrape(ep, waiting_queue_size=0)
     assert recent.queued_tokens(ep) == 0.0  # a newer scrape already includes what we sent
+
+
+def test_a_prefix_the_chosen_pod_holds_does_not_count() -> None:
+    """A chat turn over a cached history queues its new tokens only (the cycle's PrefixMatch)."""
+    pool = Pool(1)
+    ep = pool.endpoints[0]
+    fc = controller(pool, GATE)
+
+    def cached(req, candidates):  # type: ignore[no-untyped-def]
+        result = Scheduler()(req, candidates)
+        result.cycle.data["approx-prefix-cache-producer"] = PrefixMatch(
+            total=19, block_size_tokens=100, matched={ep.address: 18})  # 1,800 of 1,900 tokens held
+        return result
+
+    for _ in range(30):
+        fc.enqueue(item(request("a", prompt=tokens(1900)), cached))  # type: ignore[arg-type]
+    assert len(dispatched(fc.dispatch())) == 20  # 100 new tokens each: twenty fit below 2,000
