@@ -84,12 +84,18 @@ SYNTHETIC_ID_BASE = 1000
 SYNTHETIC_ID_SPAN = 30000
 
 
+_SYNTHETIC = array("i", range(SYNTHETIC_ID_BASE, SYNTHETIC_ID_BASE + SYNTHETIC_ID_SPAN)) * 2
+_SYNTHETIC_BYTES = memoryview(_SYNTHETIC).cast("B")
+
+
 def synthetic_token_ids(key: int, start: int, count: int) -> array:
-    """`count` ids for positions `start`.. of the sequence `key` names (consecutive, wrapping)."""
+    """`count` (<= SYNTHETIC_ID_SPAN) ids for positions `start`.. of the sequence `key` names:
+    consecutive, wrapping."""
     first = (key + start) % SYNTHETIC_ID_SPAN
-    end = first + count
-    if end <= SYNTHETIC_ID_SPAN:
-        return array("i", range(SYNTHETIC_ID_BASE + first, SYNTHETIC_ID_BASE + end))
-    ids = array("i", range(SYNTHETIC_ID_BASE + first, SYNTHETIC_ID_BASE + SYNTHETIC_ID_SPAN))
-    ids.extend(range(SYNTHETIC_ID_BASE, SYNTHETIC_ID_BASE + end - SYNTHETIC_ID_SPAN))
-    return ids
+    return _SYNTHETIC[first:first + count]
+
+
+def synthetic_token_bytes(key: int, start: int, count: int) -> memoryview:
+    """The same ids as raw bytes, without a copy (what `hash_block` hashes)."""
+    first = (key + start) % SYNTHETIC_ID_SPAN * 4
+    return _SYNTHETIC_BYTES[first:first + count * 4]

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     groups = parse_pods(args.pods)
     if len(groups) > 1 or groups[0].profile or groups[0].settings:
-        print(f"epp sim: pods {describe_pool(groups)}", file=sys.stderr, flush=True)
+        print(f"epp sim: pods {describe_pool(groups, cfg.engine.step_profile)}", file=sys.stderr, flush=True)
     try:
         asyncio.run(_serve(configs, args.base_port, args.host))
     except OSError as e:

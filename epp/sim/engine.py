@@ -32,11 +32,8 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import xxhash
-
-from epp.sim.block_hash import hash_blocks
 from epp.sim.config import EngineConfig
-from epp.sim.kv_cache import KVCacheManager
+from epp.sim.kv_cache import KVCacheManager, prepare_block_hashes
 from epp.sim.kv_events import KVEvent
 from epp.sim.queues import make_queue
 from epp.sim.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, RequestStatus
@@ -152,7 +149,7 @@ class Engine:
         if ids is not None and len(ids) != req.prompt_len:
             raise ValueError(f"{len(ids)} prompt token ids for a prompt of {req.prompt_len} tokens")
         if self.config.enable_prefix_caching:
-            self._prepare_hashes(req)
+            prepare_block_hashes(req, self.config.block_size)
         req.max_tokens = max(1, min(req.max_tokens, room))
         req.output_len = max(1, min(req.output_len, req.max_tokens))
         req.status = RequestStatus.WAITING
@@ -352,19 +349,6 @@ class Engine:
 
     # ------------------------------------------------------------------ internals
 
-    def _prepare_hashes(self, req: Request) -> None:
-        """Block hashes as vLLM computes them engine-side: from the token ids with the LoRA and
-        `cache_salt` (when the producer gave ids but no hashes), or, for hashes made without ids,
-        with the salt mixed into each (so only requests with the same salt share blocks)."""
-        ids = req.prompt_token_ids
-        if ids is not None:
-            if not req.block_hashes and req.prompt_len >= self.config.block_size:
-                req.block_hashes = hash_blocks(ids, self.config.block_size, lora=req.lora,
-                                               cache_salt=req.cache_salt)
-        elif req.cache_salt and req.block_hashes:
-            key = b"cache_salt:" + req.cache_salt.encode()
-            req.block_hashes = [_salted(key, seed=h) for h in req.block_hashes]
-
     def _load_loras(self, scheduled: list[Request]) -> int:
         """Adapters of this batch that are not in a GPU LoRA slot are loaded before the forward
         pass (`LRUCacheWorkerLoRAManager.add_adapter`), evicting the least recently used."""
@@ -393,7 +377,6 @@ class Engine:
         """
         running = self.running
         kv = self.kv
-        bs = self.config.block_size
         priority = self.config.scheduling_policy == "priority"
         preempted = 0
         i = 0
@@ -407,9 +390,8 @@ class Engine:
                     continue
             if num_new > budget:
                 num_new = budget
-            end = req.num_computed_tokens + num_new
             # Fast path: no new block needed and none filled (15 of 16 decode steps).
-            if end > len(req.blocks) * bs or end // bs > req.num_cached_blocks:
+            if req.num_computed_tokens + num_new > req.kv_fast_until:
                 ok = kv.allocate_running(req, num_new)
                 while not ok:
                     if priority:
@@ -501,9 +483,6 @@ class Engine:
         req.finish_time = now
         self.finished_by_reason[FINISH_ABORT] += 1
         self.requests.pop(req.request_id, None)
-
-
-_salted = xxhash.xxh3_64_intdigest
 
 
 def _victim_key(r: Request) -> tuple[int, float]:

@@ -28,12 +28,33 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 
-from epp.sim.block_hash import event_extra_keys, hash_block, synthetic_token_ids
+import xxhash
+
+from epp.sim.block_hash import (event_extra_keys, extra_keys_seed, hash_block, hash_blocks,
+                                synthetic_token_bytes, synthetic_token_ids)
 from epp.sim.kv_events import (FULL_ATTENTION, MEDIUM_GPU, AllBlocksCleared, BlockRemoved,
                                BlockStored, KVEvent)
 from epp.sim.request import Request
 
 _NO_HASH = -1  # block hashes are unsigned 64-bit ints, so -1 marks "not cached"
+_hash = xxhash.xxh3_64_intdigest
+
+
+def prepare_block_hashes(req: Request, block_size: int) -> None:
+    """Make `req.block_hashes` final, as vLLM computes them engine-side (once; idempotent): from
+    the token ids with the LoRA and `cache_salt` when the producer gave ids but no hashes; for
+    hashes made without ids, with the salt mixed into each, so only requests with the same salt
+    share blocks. A router that looks requests up in a pod's cache calls this first."""
+    if req.hashes_prepared:
+        return
+    req.hashes_prepared = True
+    ids = req.prompt_token_ids
+    if ids is not None:
+        if not req.block_hashes and req.prompt_len >= block_size:
+            req.block_hashes = hash_blocks(ids, block_size, lora=req.lora, cache_salt=req.cache_salt)
+    elif req.cache_salt and req.block_hashes:
+        key = b"cache_salt:" + req.cache_salt.encode()
+        req.block_hashes = [_hash(key, seed=h) for h in req.block_hashes]
 
 
 class KVCacheManager:
@@ -138,11 +159,13 @@ class KVCacheManager:
             self._take(req, new_blocks)
         if end // bs > hit_blocks:
             self._cache_full_blocks(req, end)
+        req.kv_fast_until = min(len(req.blocks) * bs, (req.num_cached_blocks + 1) * bs - 1)
         return True
 
     def allocate_running(self, req: Request, num_new_tokens: int) -> bool:
         """Room for `num_new_tokens` more tokens of a running request (False: out of blocks), and
-        cache the blocks they fill."""
+        cache the blocks they fill. Callers may skip it while the request's computed tokens plus
+        the new ones stay <= `req.kv_fast_until` (nothing to do then)."""
         bs = self.block_size
         end = req.num_computed_tokens + num_new_tokens
         need = -(-end // bs) - len(req.blocks)
@@ -152,6 +175,7 @@ class KVCacheManager:
             self._take(req, need)
         if end // bs > req.num_cached_blocks:
             self._cache_full_blocks(req, end)
+        req.kv_fast_until = min(len(req.blocks) * bs, (req.num_cached_blocks + 1) * bs - 1)
         return True
 
     def free(self, req: Request) -> None:
@@ -171,6 +195,7 @@ class KVCacheManager:
                     evictable[b] = None
         req.blocks.clear()
         req.num_cached_blocks = 0
+        req.kv_fast_until = -1
 
     def record_query(self, num_tokens: int, hit_tokens: int) -> None:
         self.queries += num_tokens
@@ -206,42 +231,43 @@ class KVCacheManager:
         evicting them (`get_new_blocks` + `_maybe_evict_cached_block`)."""
         free_ids = self._free_ids
         blocks = req.blocks
-        start = len(blocks)
+        ref = self._ref
         m = len(free_ids)
         if n <= m:
-            blocks.extend(free_ids[m - n:])
+            new = free_ids[m - n:]
             del free_ids[m - n:]
         else:
-            blocks.extend(free_ids)
+            new = free_ids[:]
             free_ids.clear()
             evictable = self._evictable
+            block_hash = self._hash
+            cached = self._cached
+            events = self.events
             for _ in range(n - m):
                 b = evictable.popitem(last=False)[0]
-                self._evict(b)
-                blocks.append(b)
-        ref = self._ref
-        for i in range(start, len(blocks)):
-            ref[blocks[i]] = 1
+                h = block_hash[b]
+                block_hash[b] = _NO_HASH
+                if cached[h] == b and h not in self._dups:
+                    del cached[h]
+                else:
+                    self._forget_copy(h, b)
+                if events is not None:
+                    events.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU, group_idx=0))
+                new.append(b)
+            self.num_evicted += n - m
+        for b in new:
+            ref[b] = 1
+        blocks.extend(new)
 
-    def _evict(self, b: int) -> None:
-        h = self._hash[b]
-        self._hash[b] = _NO_HASH
-        dups = self._dups.get(h)
+    def _forget_copy(self, h: int, b: int) -> None:
+        """Drop block `b` from the copies cached under `h` (one of several)."""
+        dups = self._dups[h]
         if self._cached[h] == b:
-            if dups:
-                self._cached[h] = dups.pop(0)
-                if not dups:
-                    del self._dups[h]
-            else:
-                del self._cached[h]
+            self._cached[h] = dups.pop(0)
         else:
-            assert dups is not None
             dups.remove(b)
-            if not dups:
-                del self._dups[h]
-        self.num_evicted += 1
-        if self.events is not None:
-            self.events.append(BlockRemoved(block_hashes=[h], medium=MEDIUM_GPU, group_idx=0))
+        if not dups:
+            del self._dups[h]
 
     def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
         """Enter the request's blocks that are full at `num_tokens` into the prefix cache
@@ -273,10 +299,18 @@ class KVCacheManager:
         """Hash the request's blocks up to `upto` from their token ids, vLLM's way (the request's
         block hasher runs as tokens are appended; here when a block is first cached)."""
         hashes = req.block_hashes
+        bs = self.block_size
+        lora = req.lora
+        salt = req.cache_salt
         for j in range(len(hashes), upto):
             parent = hashes[j - 1] if j else None
-            hashes.append(hash_block(self._block_token_ids(req, j), parent, index=j, lora=req.lora,
-                                     cache_salt=req.cache_salt))
+            lo = j * bs
+            if lo >= req.prompt_len and parent is not None:  # all generated: no copy of the ids
+                seed = extra_keys_seed(parent, lora, salt, False)
+                hashes.append(_hash(synthetic_token_bytes(req.salt, lo, bs), seed=seed))
+            else:
+                hashes.append(hash_block(self._block_token_ids(req, j), parent, index=j, lora=lora,
+                                         cache_salt=salt))
 
     def _block_token_ids(self, req: Request, j: int) -> array:
         """Token ids of block `j`: the prompt's real ids where known, else synthetic ones (from the

@@ -38,8 +38,9 @@ class PodGroup:
     profile: str | None = None
     settings: tuple[tuple[str, object], ...] = ()
 
-    def describe(self) -> str:
-        parts = [self.profile or "base"] + [f"{k}={v}" for k, v in self.settings]
+    def describe(self, base_profile: str = "base") -> str:
+        """`a100-llama3-8b:max_num_seqs=64`; a group naming no profile shows `base_profile`."""
+        parts = [self.profile or base_profile] + [f"{k}={v}" for k, v in self.settings]
         return ":".join(parts)
 
 
@@ -61,9 +62,9 @@ def pool_size(groups: Sequence[PodGroup]) -> int:
     return sum(g.count for g in groups)
 
 
-def describe_pool(groups: Sequence[PodGroup]) -> str:
+def describe_pool(groups: Sequence[PodGroup], base_profile: str = "base") -> str:
     """`8 x h100-llama3-8b, 8 x a100-llama3-8b:max_num_seqs=64` (what a run prints)."""
-    return ", ".join(f"{g.count} x {g.describe()}" for g in groups)
+    return ", ".join(f"{g.count} x {g.describe(base_profile)}" for g in groups)
 
 
 def group_config(group: PodGroup, base: EngineConfig) -> EngineConfig:

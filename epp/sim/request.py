@@ -46,6 +46,8 @@ class Request:
     prompt_token_ids: array | None = None
     # vLLM's `cache_salt`: only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    # `block_hashes` are final (`kv_cache.prepare_block_hashes` ran).
+    hashes_prepared: bool = False
     # Free slot for the caller (e.g. the HTTP stream waiting on this request); the engine ignores it.
     user_data: object = None
 
@@ -61,6 +63,9 @@ class Request:
     blocks: list[int] = field(default_factory=list)
     # Leading blocks already entered into the prefix cache (vLLM's `num_cached_block`).
     num_cached_blocks: int = 0
+    # Computed tokens the blocks hold with no work for the KV cache (no new block, none filled):
+    # the engine's per-step fast path (set by the KV cache).
+    kv_fast_until: int = -1
     finish_reason: str | None = None
     seq: int = 0
 

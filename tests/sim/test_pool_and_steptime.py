@@ -97,6 +97,12 @@ def test_a_mixed_pool_runs_each_pod_on_its_own_gpu() -> None:
     assert [pod.engine.config.num_gpu_blocks for pod in cluster.pods] == [28275] * 2 + [28437] * 2
 
 
+def test_a_plain_pool_reports_its_base_profile() -> None:
+    result = Cluster(parse_workload(TINY), reference_router("round-robin"), pods=2).run()
+    assert [p.shape for p in result.pod_stats] == ["h100-llama3-8b"] * 2
+    assert result.pool == "2 x h100-llama3-8b"
+
+
 def test_pods_of_one_run_must_share_the_block_size() -> None:
     with pytest.raises(ValueError, match="must share block_size"):
         Cluster(parse_workload(TINY), reference_router("random"), pods="1:h100,1:h100:block_size=32")

@@ -17,6 +17,7 @@ from epp.sim.config import EngineConfig, SimConfig
 from epp.sim.driver import run
 from epp.sim.engine import Engine
 from epp.sim.factory import RequestFactory
+from epp.sim.kv_cache import prepare_block_hashes
 from epp.sim.steptime import StepTimeModel
 
 
@@ -172,6 +173,10 @@ def test_cache_salt_separates_requests_without_token_ids_too() -> None:
         r = f.from_text(text + f"q{i}", max_tokens=2, ignore_eos=True, arrival_time=float(i))
         r.cache_salt = salt
         reqs.append(r)
+    salted = list(reqs[1].block_hashes)
+    prepare_block_hashes(reqs[1], 16)
+    prepare_block_hashes(reqs[1], 16)  # once only: a router may prepare before the engine does
+    assert reqs[1].block_hashes != salted
     run(eng, reqs)
     hits = [r.num_cached_tokens for r in reqs]
     assert hits[0] == hits[1] == hits[2] == 0

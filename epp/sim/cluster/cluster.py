@@ -31,6 +31,7 @@ from epp.sim.cluster.vloop import VirtualTimeLoop, run_virtual
 from epp.sim.cluster.workload import Workload
 from epp.sim.config import EngineConfig, SimConfig
 from epp.sim.factory import RequestFactory
+from epp.sim.kv_cache import prepare_block_hashes
 from epp.sim.pool import PodGroup, describe_pool, engine_configs, parse_pods
 from epp.sim.request import FINISH_ABORT, Request
 from epp.sim.steptime import StepTimeModel
@@ -120,7 +121,9 @@ class Cluster:
         self.sim_config = sim_config or workload.sim_config()
         self.groups = parse_pods(pods) if isinstance(pods, (int, str)) else list(pods)
         self.pod_configs: list[EngineConfig] = engine_configs(self.groups, self.sim_config.engine)
-        self.pod_shapes = [g.describe() for g in self.groups for _ in range(g.count)]
+        base_profile = self.sim_config.engine.step_profile
+        self.pod_shapes = [g.describe(base_profile) for g in self.groups for _ in range(g.count)]
+        self.pool = describe_pool(self.groups, base_profile)
         self.num_pods = len(self.pod_configs)
         sizes = {c.block_size for c in self.pod_configs}
         if len(sizes) > 1:
@@ -216,7 +219,7 @@ class Cluster:
         return RunResult(policy=self.router.name, workload=self.workload, pods=self.num_pods, seed=self.seed,
                          jobs=self.jobs, samples=self.samples, pod_stats=stats, end_time=end, unfinished=unfinished,
                          flow_control=flow, sample_interval=self.sample_interval, itl_hist=itl_hist,
-                         pool=describe_pool(self.groups))
+                         pool=self.pool)
 
     # -- arrivals --
 
@@ -239,6 +242,8 @@ class Cluster:
         job.request = self.factory.from_text(job.prompt, max_tokens=job.output_tokens, ignore_eos=True,
                                              lora=job.lora, arrival_time=job.arrival, request_id=str(job.id))
         job.request.user_data = job
+        # Final hashes (cache_salt mixed in) before routing: what routers look up in the pods.
+        prepare_block_hashes(job.request, self.sim_config.engine.block_size)
         task = self.loop.create_task(self._route(job))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

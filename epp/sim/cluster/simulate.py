@@ -86,7 +86,7 @@ def simulate(workload: Workload, *, pods: Pods, policies: Sequence[Policy] = ("e
     if isinstance(pods, (int, str)):
         pods = parse_pods(pods)
     if progress and (len(pods) > 1 or pods[0].profile or pods[0].settings):
-        progress(f"{workload.name}: pods {describe_pool(pods)}")
+        progress(f"{workload.name}: pods {describe_pool(pods, workload.sim_config().engine.step_profile)}")
     reports = []
     for policy in policies:
         name = policy.name if isinstance(policy, EppArm) else policy
