@@ -32,6 +32,7 @@ from epp.sim.cluster.cluster import Cluster, RunResult
 from epp.sim.cluster.routers import Router
 from epp.sim.cluster.traffic import Job
 from epp.sim.cluster.workload import Workload
+from epp.sim.kv_cache import prepare_block_hashes
 from epp.sim.pool import PodGroup
 from epp.sim.request import FINISH_ABORT, Request
 
@@ -96,6 +97,7 @@ class SlicedCluster(Cluster):
         request = self.factory.from_text(chain.text, max_tokens=self.slice_tokens, ignore_eos=True, lora=job.lora,
                                          arrival_time=job.arrival, request_id=str(next(self._slice_ids)))
         chain.first = request
+        prepare_block_hashes(request, self.sim_config.engine.block_size)  # as `Cluster._arrive` does
         self._send(chain, request)
 
     def _send(self, chain: _Chain, request: Request) -> None:
@@ -166,7 +168,8 @@ class SlicedCluster(Cluster):
         return Request(request_id=str(next(self._slice_ids)), prompt_len=prompt_len,
                        block_hashes=list(prev.block_hashes[:prompt_len // bs]), max_tokens=self.slice_tokens,
                        output_len=self.slice_tokens, arrival_time=self.loop.time(), lora=prev.lora,
-                       salt=self._salts.getrandbits(63))
+                       salt=self._salts.getrandbits(63), cache_salt=prev.cache_salt,
+                       hashes_prepared=True)  # the predecessor's final hashes
 
     def _end(self, job: Job, error: str, *, routed: bool = False) -> None:
         chain = self._chains.pop(job, None)
