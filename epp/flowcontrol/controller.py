@@ -347,24 +347,34 @@ class FlowController:
 
         Fair share is a preference, never a reason to leave a slot empty: when every flow tried
         holds its share wherever it could go, the first of them goes anyway (work conservation).
-        The reserve is a hard limit."""
+        The reserve is a hard limit. The flows after the head are looked up only when the head
+        cannot go."""
         cfg = band.config
         if not eligible and not cfg.newcomer_reserve:
             return None
-        heads = band.queue.heads(MAX_PASSED_OVER) if len(band.flows) > 1 else [band.queue.peek()]
+        head = band.queue.peek()
+        assert head is not None
+        later: list[QueueItem] | None = None
         held_back = False
         for fair in (True, False) if cfg.slot_fairness else (False,):
-            for i, head in enumerate(heads):
-                assert head is not None
-                candidates, reserved, by_share = self._slot_candidates(head, band, open_, eligible, fair)
+            item: QueueItem | None = head
+            passed = 0
+            while item is not None:
+                candidates, reserved, by_share = self._slot_candidates(item, band, open_, eligible, fair)
                 held_back = held_back or by_share
-                if not candidates:
-                    continue
-                item = band.queue.pop() if i == 0 else band.queue.pop_flow(head.flow_id)
-                assert item is head, "a fairness policy popped another request than it showed"
-                if i:
-                    self.passed_over += 1
-                return self._dispatch(item, band, candidates, now, reserved)
+                if candidates:
+                    popped = band.queue.pop() if item is head else band.queue.pop_flow(item.flow_id)
+                    assert popped is item, "a fairness policy popped another request than it showed"
+                    if passed:
+                        self.passed_over += 1
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("slot fairness: %s passed over %d flow(s) of band %d holding their share "
+                                      "(first: %r)", item.request.request_id, passed, band.priority, head.flow_id)
+                    return self._dispatch(item, band, candidates, now, reserved)
+                if later is None:
+                    later = band.queue.heads(MAX_PASSED_OVER)[1:] if len(band.flows) > 1 else []
+                item = later[passed] if passed < len(later) else None
+                passed += 1
             if not held_back:
                 break  # nothing was held back by its share: the lenient pass would find nothing either
         return None
@@ -431,6 +441,9 @@ class FlowController:
         item.reserved = reserved
         if reserved:
             self.reserve_dispatches += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("newcomer reserve: %s (flow %r) to %s past band %d's closed gate", item.request.request_id,
+                          item.flow_id, result.primary.address, band.priority)
         if self.config.vllm_priority:
             stride = self.config.vllm_priority_stride
             item.engine_priority = -band.priority * stride + min(depth, stride - 1)
