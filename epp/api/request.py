@@ -152,7 +152,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
 def _check_model_length(name: str, what: str) -> None:
     # len(str) <= bytes <= 4 * len(str): encode only names that may be too long.
     if len(name) > MAX_MODEL_NAME_BYTES // 4 and len(name.encode()) > MAX_MODEL_NAME_BYTES:
-        raise _bad(f"{what} too long: {len(name.encode())} bytes, at most {MAX_MODEL_NAME_BYTES} are accepted")
+        raise bad_request(f"{what} too long: {len(name.encode())} bytes, at most {MAX_MODEL_NAME_BYTES} are accepted")
 
 
 def slo_seconds(headers: dict[str, str], name: str) -> float | None:
