@@ -86,6 +86,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_slicer(args: argparse.Namespace) -> int:
+    from epp.slicer.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epp", description=__doc__)
     parser.add_argument("--version", action="version", version=f"epp {__version__}")
@@ -132,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_arguments(simulate)
     simulate.set_defaults(func=cmd_simulate)
+
+    slicer = sub.add_parser("slicer", help="(experimental) serve long generations as token slices behind one response")
+    from epp.slicer.cli import add_arguments as add_slicer_arguments
+
+    add_slicer_arguments(slicer)
+    slicer.set_defaults(func=cmd_slicer)
     return parser
 
 

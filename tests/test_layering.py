@@ -39,6 +39,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "epp.config": ("epp.runner", "epp.core", "epp.extproc", "epp.requestcontrol", "epp.sim"),
     # The simulator builds the EPP only through the composition root.
     "epp.sim": ("epp.config.loader", "epp.flowcontrol.factory", "epp.runner", "epp.extproc"),
+    # The token-slice sidecar is a client of the gateway, not a part of the request path.
+    "epp.slicer": ("epp.config", "epp.scheduling", "epp.flowcontrol", "epp.requestcontrol", "epp.datalayer",
+                   "epp.discovery", "epp.extproc", "epp.observability", "epp.runner", "epp.core", "epp.sim"),
 }
 
 

@@ -56,14 +56,16 @@ def settings(plugin: Plugin) -> dict[str, Any]:
 def _gate(gate: DispatchGate) -> dict[str, Any]:
     return {"queueDepthThreshold": gate.queue_depth_threshold, "kvCacheUtilThreshold": gate.kv_cache_util_threshold,
             "interTokenLatencyThreshold": gate.inter_token_latency_threshold,
-            "inflightRequestsThreshold": gate.inflight_requests_threshold, "inflightGuard": gate.inflight_guard}
+            "inflightRequestsThreshold": gate.inflight_requests_threshold, "inflightGuard": gate.inflight_guard,
+            "queuedTokensThreshold": gate.queued_tokens_threshold}
 
 
 def _band(band: BandConfig, config: FlowControlConfig) -> dict[str, Any]:
     return {"priority": band.priority, "fairnessPolicy": band.fairness.name, "orderingPolicy": band.ordering.name,
             "maxBytes": band.max_bytes, "maxRequests": band.max_requests or "unlimited",
             "requestTTL": config.ttl(band) or "none", "shedWhenSaturated": band.shed_when_saturated,
-            "dispatchGate": _gate(band.gate) if band.gate.active else "off"}
+            "dispatchGate": _gate(band.gate) if band.gate.active else "off",
+            "slotFairness": band.slot_fairness, "newcomerReserve": band.newcomer_reserve}
 
 
 def _flow_control(config: FlowControlConfig | None) -> Any:
@@ -77,6 +79,7 @@ def _flow_control(config: FlowControlConfig | None) -> Any:
         "usageLimitPolicy": config.usage_limit.name,
         "evictSheddable": config.evict_sheddable,
         "vllmPriority": {"enabled": config.vllm_priority, "bandStride": config.vllm_priority_stride},
+        "maxNumSeqs": config.max_num_seqs,
         "defaultPriorityBand": _band(config.default_band, config),
         "priorityBands": [_band(b, config) for _, b in sorted(config.bands.items(), reverse=True)],
     }

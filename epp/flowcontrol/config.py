@@ -6,15 +6,24 @@ fairnessPolicyRef, orderingPolicyRef}`, `usageLimitPolicyPluginRef`.
 
 Ours (a GIE config never has them, so it behaves as in the reference):
 - `priorityBands[].dispatchGate` / `defaultPriorityBand.dispatchGate`: per-band endpoint
-  thresholds, see `gate.DispatchGate` — `queueDepthThreshold`, `kvCacheUtilThreshold`,
-  `interTokenLatencyThreshold` (a duration), `inflightRequestsThreshold`, `inflightGuard`.
+  thresholds, see `gate.DispatchGate` — `queueDepthThreshold`, `queuedTokensThreshold`,
+  `kvCacheUtilThreshold`, `interTokenLatencyThreshold` (a duration), `inflightRequestsThreshold`,
+  `inflightGuard`.
 - `priorityBands[].shedWhenSaturated`: reject this band's requests with 429 at once while the pool
   is saturated (the legacy behaviour) instead of queueing them. Default false (the reference
   queues sheddable requests under flow control).
 - `evictSheddable` (default true): when a *global* limit is full, a new request may push out the
   newest queued request of a lower, sheddable (negative-priority) band, which ends with 429.
   Without it, a full queue of batch work would turn away interactive traffic.
-- `vllmPriority: {enabled, bandStride}`: write vLLM's `priority` into dispatched bodies.
+- `vllmPriority: {enabled, bandStride}`: write vLLM's `priority` into dispatched bodies:
+  `-band priority × bandStride + n`, where n (from 0, at most bandStride − 1) counts the
+  requests of the same flow already in flight on the chosen endpoint (see `slots.py`).
+- `maxNumSeqs` (default 256, vLLM's): running slots per endpoint for batch-slot fairness
+  (vLLM does not export it; raised per endpoint by the most running requests a scrape shows).
+- `priorityBands[].slotFairness` / `defaultPriorityBand.slotFairness` (default false): while
+  another flow of the band waits, a flow holding its fair share of an endpoint's slots gets no
+  new dispatch there. `newcomerReserve` (default 0): slots per endpoint kept for flows with
+  nothing there, which may also pass the band's closed dispatch gate into them (`slots.py`).
 
 Every error names the field path, e.g. `flowControl.priorityBands[1].maxBytes: invalid quantity`.
 """
@@ -30,6 +39,7 @@ from epp.params import ConfigError, Params, parse_duration
 from epp.flowcontrol.gate import DispatchGate
 from epp.flowcontrol.policy import FairnessPolicy, OrderingPolicy, UsageLimitPolicy
 from epp.flowcontrol.quantity import parse_quantity
+from epp.flowcontrol.slots import DEFAULT_MAX_NUM_SEQS, MAX_SLOTS
 from epp.plugin import Plugin
 
 DEFAULT_BAND_MAX_BYTES = 1_000_000_000  # the reference's per-band default (1 GB) when 0 or omitted
@@ -50,6 +60,13 @@ class BandConfig:
     request_ttl: float | None = None  # None: flowControl.defaultRequestTTL
     gate: DispatchGate = field(default_factory=DispatchGate)
     shed_when_saturated: bool = False
+    slot_fairness: bool = False  # hold back a flow over its share of an endpoint's slots while others wait
+    newcomer_reserve: int = 0  # slots per endpoint for flows with nothing there
+
+    @property
+    def slotted(self) -> bool:
+        """Whether this band's dispatches consult the slot ledger."""
+        return self.slot_fairness or self.newcomer_reserve > 0
 
 
 @dataclass(slots=True)
@@ -63,6 +80,7 @@ class FlowControlConfig:
     evict_sheddable: bool = True
     vllm_priority: bool = False
     vllm_priority_stride: int = DEFAULT_BAND_STRIDE
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
 
     def band(self, priority: int) -> BandConfig:
         """The configuration of a priority's band (from the template when it has none)."""
@@ -139,11 +157,16 @@ def parse_flow_control(raw: dict[str, Any] | None, resolve: Resolver, *, default
         vllm_priority = vllm.bool("enabled", True)
         stride = vllm.int("bandStride", DEFAULT_BAND_STRIDE, min=1)
         vllm.done()
+    max_num_seqs = top.int("maxNumSeqs", DEFAULT_MAX_NUM_SEQS, min=1, max=MAX_SLOTS)
+    for path, band in [("defaultPriorityBand", template)] + [
+            (f"priorityBands[{i}]", b) for i, b in enumerate(bands.values())]:
+        if band.newcomer_reserve >= max_num_seqs:
+            raise ConfigError(f"flowControl.{path}.newcomerReserve: must be below maxNumSeqs ({max_num_seqs})")
     top.done()
     return FlowControlConfig(
         default_band=template, usage_limit=usage, max_bytes=max_bytes, max_requests=max_requests,
         default_request_ttl=ttl, bands=bands, evict_sheddable=evict, vllm_priority=vllm_priority,
-        vllm_priority_stride=stride,
+        vllm_priority_stride=stride, max_num_seqs=max_num_seqs,
     )
 
 
@@ -159,10 +182,18 @@ def _band(s: _Section, base: BandConfig, resolve: Resolver, *, template: bool) -
     gate_section = s.section("dispatchGate")
     gate = base.gate if gate_section is None else _gate(gate_section)
     shed = s.bool("shedWhenSaturated", base.shed_when_saturated)
+    slot_fairness = s.bool("slotFairness", base.slot_fairness)
+    reserve = s.int("newcomerReserve", base.newcomer_reserve, min=0, max=MAX_SLOTS)
+    if (slot_fairness or reserve) and not fairness.orders_flows:
+        key = "slotFairness" if slot_fairness else "newcomerReserve"
+        raise s.error(key, f"needs a fairness policy that takes turns between flows (round-robin-fairness-policy, "
+                           f"token-fairness-policy); {fairness.name!r} (type {fairness.type}) serves one order across "
+                           "flows, so a flow held back would hold back the ones queued behind it")
     s.done()
     return BandConfig(
         priority=priority, fairness=fairness, ordering=ordering, max_bytes=max_bytes, max_requests=max_requests,
         request_ttl=base.request_ttl if request_ttl is None else request_ttl, gate=gate, shed_when_saturated=shed,
+        slot_fairness=slot_fairness, newcomer_reserve=reserve,
     )
 
 
@@ -174,10 +205,11 @@ def _gate(s: _Section) -> DispatchGate:
         raise s.error("interTokenLatencyThreshold", "must be > 0")
     inflight = s.int("inflightRequestsThreshold", 0, min=1) or None
     guard = s.bool("inflightGuard", True)
+    tokens = s.int("queuedTokensThreshold", 0, min=1) or None
     s.done()
     return DispatchGate(queue_depth_threshold=queue, kv_cache_util_threshold=kv,
                         inter_token_latency_threshold=itl, inflight_requests_threshold=inflight,
-                        inflight_guard=guard)
+                        inflight_guard=guard, queued_tokens_threshold=tokens)
 
 
 def check_plugin(plugin: Plugin, path: str, kind: type[P]) -> P:

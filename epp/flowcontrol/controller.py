@@ -25,9 +25,15 @@ highest band, until nothing more can go:
 4. The band's fairness policy names the request; its subset hint, if any, narrows the endpoints.
    If none is left, the request waits and lower bands may go; the rest of its own band waits
    behind it for this cycle (fairness order is kept; subset hints are rare and per request).
+   A band with batch-slot fairness or a newcomer reserve (`slots.py`) also drops the endpoints
+   where the flow holds its share of the slots while other flows wait, or where it would take a
+   reserved slot; a flow with nothing on an endpoint may go there through the reserve even when
+   step 3 closed it. A flow left with no endpoint is passed over: the next flows in the band's
+   order (up to `MAX_PASSED_OVER`) are tried before lower bands.
 5. `schedule(request, eligible)` picks among the eligible endpoints only ("late binding"). It is
    expected to count the pick against the endpoint at once (the director does), so the next
-   dispatch of the same cycle sees it.
+   dispatch of the same cycle sees it. The slot ledger counts it against the flow on that
+   endpoint until `complete`; that count is also the flow's depth in vLLM's `priority`.
 
 Work conservation: a request stays queued only when no endpoint may take it; callers run a cycle
 whenever that can change (an enqueue, a completion, new metrics, an endpoint added).
@@ -55,15 +61,27 @@ from epp.flowcontrol.item import Ending, ItemState, Outcome, QueueItem
 from epp.flowcontrol.item_queue import HeapQueue
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.sink import FlowMetricsSink
+from epp.flowcontrol.slots import SlotLedger
 from epp.scheduling.framework import SchedulingResult
+from epp.scheduling.prefix_match import PrefixMatch
 
 log = logging.getLogger("epp.flowcontrol")
 
 DEFAULT_FLOW = "default-flow"
+MAX_PASSED_OVER = 32  # flows of one band a dispatch may pass over (slot fairness) before it gives up
 
 
 def _deadline(item: QueueItem) -> float:
     return item.deadline
+
+
+def _uncached_tokens(item: QueueItem, result: SchedulingResult) -> int:
+    """The prompt tokens the chosen endpoint must prefill: the estimate less what the cycle's
+    prefix producers believe it holds (what the queued-tokens gate counts)."""
+    prompt = item.request.prompt_tokens_estimate
+    address = result.primary.address
+    held = max((m.tokens(address) for m in result.cycle.data.values() if isinstance(m, PrefixMatch)), default=0)
+    return max(0, prompt - held)
 
 
 class FlowController:
@@ -85,6 +103,10 @@ class FlowController:
         self._keys: list[int] = []  # -priority of `_order`, for bisect
         self._ttl = HeapQueue(_deadline)  # queued items with a finite deadline
         self._recent = RecentDispatches()
+        self.slots = SlotLedger(config.max_num_seqs)
+        self._slotted = config.default_band.slotted or any(b.slotted for b in config.bands.values())
+        self.passed_over = 0  # dispatches that went to a later flow: the ones before held their share
+        self.reserve_dispatches = 0  # requests sent into a newcomer reserve past a closed gate
         self._seq = itertools.count(1)
         self.queued_requests = 0
         self.queued_bytes = 0
@@ -265,6 +287,9 @@ class FlowController:
             return endings
         endpoints = list(self.endpoints())
         self._recent.prune(endpoints)
+        self.slots.prune(endpoints)
+        if self._slotted:
+            self.slots.observe(endpoints)
         while self.queued_requests:
             ending = self._dispatch_one(endpoints, now)
             if ending is None:
@@ -299,6 +324,11 @@ class FlowController:
             if not open_:
                 return None  # saturated: lower bands wait too (head of line)
             eligible = band.config.gate.filter(open_, self._recent)
+            if band.config.slotted:
+                ending = self._dispatch_slotted(band, open_, eligible, now)
+                if ending is not None:
+                    return ending
+                continue
             if not eligible:
                 continue  # this band's own thresholds; lower bands may go
             head = band.queue.peek()
@@ -311,13 +341,88 @@ class FlowController:
             return self._dispatch(item, band, candidates, now)
         return None
 
+    def _dispatch_slotted(self, band: Band, open_: list[Endpoint], eligible: list[Endpoint],
+                          now: float) -> Ending | None:
+        """Step 4 with the slot ledger: the first flow in the band's order with an endpoint left.
+
+        Fair share is a preference, never a reason to leave a slot empty: when every flow tried
+        holds its share wherever it could go, the first of them goes anyway (work conservation).
+        The reserve is a hard limit. The flows after the head are looked up only when the head
+        cannot go."""
+        cfg = band.config
+        if not eligible and not cfg.newcomer_reserve:
+            return None
+        head = band.queue.peek()
+        assert head is not None
+        later: list[QueueItem] | None = None
+        held_back = False
+        for fair in (True, False) if cfg.slot_fairness else (False,):
+            item: QueueItem | None = head
+            passed = 0
+            while item is not None:
+                candidates, reserved, by_share = self._slot_candidates(item, band, open_, eligible, fair)
+                held_back = held_back or by_share
+                if candidates:
+                    popped = band.queue.pop() if item is head else band.queue.pop_flow(item.flow_id)
+                    assert popped is item, "a fairness policy popped another request than it showed"
+                    if passed:
+                        self.passed_over += 1
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("slot fairness: %s passed over %d flow(s) of band %d holding their share "
+                                      "(first: %r)", item.request.request_id, passed, band.priority, head.flow_id)
+                    return self._dispatch(item, band, candidates, now, reserved)
+                if later is None:
+                    later = band.queue.heads(MAX_PASSED_OVER)[1:] if len(band.flows) > 1 else []
+                item = later[passed] if passed < len(later) else None
+                passed += 1
+            if not held_back:
+                break  # nothing was held back by its share: the lenient pass would find nothing either
+        return None
+
+    def _slot_candidates(self, item: QueueItem, band: Band, open_: list[Endpoint], eligible: list[Endpoint],
+                         fair: bool) -> tuple[list[Endpoint], bool, bool]:
+        """The endpoints the item's flow may take under the band's slot rules; whether they are
+        reserve endpoints (open, but closed by the band's gate); whether fair share removed any."""
+        cfg = band.config
+        ledger = self.slots
+        key = (band.priority, item.flow_id)
+        contended = fair and band.count > band.flows[item.flow_id].queued  # another flow of the band waits
+        active = len(band.flows)
+        reserve = cfg.newcomer_reserve
+        out: list[Endpoint] = []
+        by_share = False
+        for ep in self._allowed(item, eligible):
+            held = ledger.held(ep, key)
+            if not held:
+                out.append(ep)  # a flow with nothing here may take any slot the gate allows
+                continue
+            slots = ledger.slots(ep)
+            if reserve and ledger.of(ep).inflight >= slots - reserve:
+                continue  # the last `reserve` slots are for flows with nothing here
+            if contended and held >= max(1, slots // active):
+                by_share = True
+                continue
+            out.append(ep)
+        if out or not reserve:
+            return out, False, by_share
+        gated = set(eligible)
+        newcomer = []
+        for ep in self._allowed(item, open_):
+            if ep in gated or ledger.held(ep, key):
+                continue
+            entry = ledger.of(ep)
+            if entry.reserved < reserve and entry.inflight < ledger.slots(ep):
+                newcomer.append(ep)
+        return newcomer, bool(newcomer), by_share
+
     @staticmethod
     def _allowed(item: QueueItem, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
         if item.allowed is None:
             return list(endpoints)
         return [ep for ep in endpoints if ep.address in item.allowed]
 
-    def _dispatch(self, item: QueueItem, band: Band, candidates: list[Endpoint], now: float) -> Ending:
+    def _dispatch(self, item: QueueItem, band: Band, candidates: list[Endpoint], now: float,
+                  reserved: bool = False) -> Ending:
         flow = self._unqueue(item, band, popped=True)
         try:
             result = item.schedule(item.request, candidates)
@@ -332,15 +437,22 @@ class FlowController:
             # It left the queue but was never sent anywhere: a rejection, counted as one (its
             # reason in the rejections counter, RejectedOther in the queue-duration outcome).
             return self._end(item, Outcome.REJECTED_OTHER, now, error)
+        depth = self.slots.add(result.primary, (band.priority, item.flow_id), reserved=reserved)
+        item.reserved = reserved
+        if reserved:
+            self.reserve_dispatches += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("newcomer reserve: %s (flow %r) to %s past band %d's closed gate", item.request.request_id,
+                          item.flow_id, result.primary.address, band.priority)
         if self.config.vllm_priority:
             stride = self.config.vllm_priority_stride
-            item.engine_priority = -band.priority * stride + min(flow.inflight, stride - 1)
+            item.engine_priority = -band.priority * stride + min(depth, stride - 1)
         flow.inflight += 1
         self.inflight += 1
         item.state = ItemState.DISPATCHED
         item.endpoint = result.primary
         item.dispatch_time = now
-        self._recent.add(result.primary)
+        self._recent.add(result.primary, _uncached_tokens(item, result))
         return self._end(item, Outcome.DISPATCHED, now, result=result)
 
     # -- completion --
@@ -351,6 +463,8 @@ class FlowController:
             return
         item.state = ItemState.DONE
         self.inflight -= 1
+        if item.endpoint is not None:
+            self.slots.remove(item.endpoint, (item.priority, item.flow_id), reserved=item.reserved)
         band = self._bands[item.priority]
         band.queue.completed(item, usage)
         flow = band.flows.get(item.flow_id)

@@ -59,6 +59,7 @@ class QueueItem:
     charged: float = 0.0  # fairness tokens charged at dispatch (token fairness), corrected at completion
     engine_priority: int | None = None  # vLLM `priority` to put in the body, when enabled
     endpoint: Endpoint | None = None  # where it was dispatched
+    reserved: bool = False  # dispatched into the endpoint's newcomer reserve (slots.py)
     dispatch_time: float = 0.0
 
     @property

@@ -48,6 +48,22 @@ class FairnessQueue(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    def heads(self, limit: int) -> list[QueueItem]:
+        """The next request of each of up to `limit` waiting flows, in the order the band would
+        dispatch them (the first is `peek()`), for when a flow must be passed over on some
+        endpoints (batch-slot fairness). A policy that orders requests across flows rather than
+        flows (global strict) offers only its head: passing over it would change its order."""
+        head = self.peek()
+        return [head] if head is not None else []
+
+    def pop_flow(self, flow_id: str) -> QueueItem:
+        """Dispatch the next request of `flow_id`, one of `heads()`, ahead of the flows before it
+        (they keep their place). Policies without `heads()` beyond the first need not override."""
+        item = self.peek()
+        if item is None or item.flow_id != flow_id:
+            raise ValueError(f"this fairness policy cannot dispatch flow {flow_id!r} out of turn")
+        return self.pop()
+
     def completed(self, item: QueueItem, usage: Usage | None) -> None:
         """A dispatched request ended; `usage` is what the model server reported, if anything."""
 
@@ -59,6 +75,10 @@ class FairnessQueue(ABC):
 
 
 class FairnessPolicy(Plugin):
+    # Whether its queues order flows (and so can pass one over, `FairnessQueue.heads`) rather
+    # than requests across flows; batch-slot fairness needs it.
+    orders_flows: bool = True
+
     @abstractmethod
     def new_band(self, ordering: OrderingPolicy) -> FairnessQueue:
         """A fresh queue for one band whose flows are ordered by `ordering`."""

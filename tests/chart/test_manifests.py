@@ -40,6 +40,9 @@ def test_every_object_validates(path: Path) -> None:
     docs = load(path)
     assert docs
     for doc in docs:
+        if doc.get("kind") == "EndpointPickerConfig":  # the EPP's own file, not a Kubernetes object
+            load_config(yaml.safe_dump(doc), Datastore())
+            continue
         validate(doc)
 
 

@@ -128,7 +128,7 @@ def flows_of(items: list[QueueItem]) -> list[str]:
 
 def assert_empty(fc: FlowController) -> None:
     """Nothing held: no queued request, byte, flow, TTL entry or in-flight slot anywhere."""
-    assert len(fc) == 0 and fc.queued_bytes == 0 and fc.inflight == 0
+    assert len(fc) == 0 and fc.queued_bytes == 0 and fc.inflight == 0 and len(fc.slots) == 0
     assert fc.next_deadline() is None
     for band in fc.bands():
         assert band.count == 0 and band.bytes == 0 and len(band.queue) == 0 and len(band.arrivals) == 0

@@ -649,7 +649,7 @@ flowControl:
 
 
 def test_vllm_priority_from_band_and_the_flows_place() -> None:
-    pool = Pool(8)
+    pool = Pool(1)  # one endpoint: a flow's depth there is its depth in the pool (test_slots.py: per endpoint)
     fc = controller(pool, "flowControl:\n  vllmPriority: {enabled: true, bandStride: 100}\n")
     s = Scheduler()
     a = [item(request("a"), s) for _ in range(3)]

@@ -35,6 +35,7 @@ class _GlobalStrictQueue(FairnessQueue):
 
 class GlobalStrictFairnessPolicy(FairnessPolicy):
     type = "global-strict-fairness-policy"
+    orders_flows = False  # one order across flows: no flow can be passed over
 
     def new_band(self, ordering: OrderingPolicy) -> FairnessQueue:
         return _GlobalStrictQueue(ordering)

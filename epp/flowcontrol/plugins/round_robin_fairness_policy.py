@@ -9,6 +9,7 @@ cursor over sorted flow keys; a ring in arrival order gives the same bound witho
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from epp.flowcontrol.item import QueueItem
@@ -46,7 +47,14 @@ class _RoundRobinQueue(FairnessQueue):
         return next(iter(self._ring.values())).peek()
 
     def pop(self) -> QueueItem:
-        flow_id, queue = next(iter(self._ring.items()))
+        return self.pop_flow(next(iter(self._ring)))
+
+    def heads(self, limit: int) -> list[QueueItem]:
+        return [queue.peek() for queue in itertools.islice(self._ring.values(), limit)]  # type: ignore[misc]
+
+    def pop_flow(self, flow_id: str) -> QueueItem:
+        """The flow takes its turn now; the flows passed over stay at the front."""
+        queue = self._ring[flow_id]
         item = queue.pop()
         self._count -= 1
         if queue:

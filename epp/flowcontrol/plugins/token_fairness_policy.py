@@ -129,10 +129,30 @@ class _TokenFairQueue(FairnessQueue):
         top = self._top()
         return top[1].queue.peek() if top is not None else None
 
+    def heads(self, limit: int) -> list[QueueItem]:
+        """The heads of the `limit` least-served waiting flows: their heap entries are popped
+        (stale ones dropped) and pushed back, O(limit × log flows)."""
+        heap = self._heap
+        taken: list[tuple[float, int, int, str]] = []
+        out: list[QueueItem] = []
+        while heap and len(out) < limit:
+            entry = heapq.heappop(heap)
+            flow = self._flows.get(entry[3])
+            if flow is None or flow.version != entry[2] or flow.key is None:
+                continue
+            taken.append(entry)
+            out.append(flow.queue.peek())  # type: ignore[arg-type]
+        for entry in taken:
+            heapq.heappush(heap, entry)
+        return out
+
     def pop(self) -> QueueItem:
         top = self._top()
         assert top is not None, "pop from an empty band"
-        flow_id, flow = top
+        return self.pop_flow(top[0])
+
+    def pop_flow(self, flow_id: str) -> QueueItem:
+        flow = self._flows[flow_id]
         item = flow.queue.pop()
         self._count -= 1
         self.vtime = max(self.vtime, flow.service)
