@@ -58,10 +58,11 @@ class ServiceModel:
     observations: int = 0
     # EWMA of |predicted - observed| / observed over TTFT observations (what SREs watch).
     ttft_error: float = 0.0
-    # Least squares on relative features, A = Σ w·x·xᵀ and b = Σ w·x (each target is 1), starting
-    # from `prior_weight` pseudo-observations of scale 1 that are forgotten like real ones.
+    # Least squares on relative features, A = Σ w·x·xᵀ and b = Σ w·x (each target is 1), plus
+    # `prior_weight` pseudo-observations of scale 1 that are forgotten like real ones.
     prior_weight: float = 2.0
     forgetting: float = 0.995  # per observation (an effective memory of ~200)
+    _prior: float = 0.0  # what is left of the prior's weight
     _a11: float = 0.0
     _a12: float = 0.0
     _a22: float = 0.0
@@ -69,7 +70,7 @@ class ServiceModel:
     _b2: float = 0.0
 
     def __post_init__(self) -> None:
-        self._a11 = self._a22 = self._b1 = self._b2 = self.prior_weight
+        self._prior = self.prior_weight
 
     # -- predictions --
 
@@ -124,6 +125,7 @@ class ServiceModel:
         residual = abs(predicted - 1.0)
         weight = 1.0 if residual <= 1.0 else 1.0 / residual  # Huber: outliers count less
         g = self.forgetting
+        self._prior *= g
         self._a11 = g * self._a11 + weight * x1 * x1
         self._a12 = g * self._a12 + weight * x1 * x2
         self._a22 = g * self._a22 + weight * x2 * x2
@@ -133,11 +135,23 @@ class ServiceModel:
         self._solve()
 
     def _solve(self) -> None:
-        a11, a12, a22, b1, b2 = self._a11, self._a12, self._a22, self._b1, self._b2
-        det = a11 * a22 - a12 * a12
-        if det <= 1e-12:
-            return
-        s1 = (b1 * a22 - b2 * a12) / det
-        s2 = (a11 * b2 - a12 * b1) / det
-        self.step_scale = min(_MAX_SCALE, max(_MIN_SCALE, s1))
-        self.prefill_scale = min(_MAX_SCALE, max(_MIN_SCALE, s2))
+        """Refit both scales; the prior pulls on the relative error of the scale it says.
+
+        A real observation of a pod k× slower than the prior has features ~1/k, so it weighs
+        1/k² of a pseudo-observation `scale ≈ 1`: left as it is, the prior would hold a slow pod's
+        fit near the fast one's for hundreds of requests (and a slow pod gets few). Weighing the
+        prior's pull by 1/scale² (re-linearised at the current fit, two rounds) makes it count as
+        `prior_weight` observations on any pod."""
+        s1, s2 = self.step_scale, self.prefill_scale
+        for _ in range(2):
+            p1 = self._prior / (s1 * s1)
+            p2 = self._prior / (s2 * s2)
+            a11, a22 = self._a11 + p1, self._a22 + p2
+            b1, b2 = self._b1 + p1, self._b2 + p2
+            a12 = self._a12
+            det = a11 * a22 - a12 * a12
+            if det <= 1e-12:
+                return
+            s1 = min(_MAX_SCALE, max(_MIN_SCALE, (b1 * a22 - b2 * a12) / det))
+            s2 = min(_MAX_SCALE, max(_MIN_SCALE, (a11 * b2 - a12 * b1) / det))
+        self.step_scale, self.prefill_scale = s1, s2
