@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 _OVERDUE_FACTOR = 3.0  # a streamed first byte this many predicted TTFTs late is taken as lost
 _OVERDUE_MIN = 2.0  # seconds
+_LATE_FACTOR = 0.5  # a first byte this share of its prefill's time late makes its request "late"
+_LATE_MIN = 0.02  # seconds
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
 
 
@@ -222,6 +224,35 @@ class EndpointLoad:
     def utilization_at(self, now: float) -> float:
         """Pod-seconds of work per second lately sent here (the share of the pod it keeps busy)."""
         return self.work_rate * self._decay(now) if self.work_rate > 0.0 else 0.0
+
+    def late_prefill(self, now: float) -> int:
+        """Prefill tokens of requests well past their expected first token and still without it
+        (the engine is slower than predicted, or holds them waiting for KV blocks): the timeline
+        counts them done; a gate must not."""
+        late = 0
+        for item in self.pending:
+            if now <= item.expected_done + max(_LATE_MIN, _LATE_FACTOR * (item.expected_done - item.started)):
+                break
+            late += item.prefill_tokens
+        return late
+
+    def backlog_below_at(self, tokens: float, now: float) -> float:
+        """The earliest time (≥ `now`) the timeline says `backlog_at` drops below `tokens`
+        (`inf`: not before it runs out of requests, e.g. `tokens` ≤ 0)."""
+        backlog = self.backlog_at(now)
+        if backlog < tokens:
+            return now
+        for item in self.pending:
+            left = item.remaining_prefill(now)
+            if left <= 0.0:
+                continue
+            if backlog - left < tokens:  # crossed while this one prefills, at a linear pace
+                start = max(now, item.started)
+                need = backlog - tokens + 1e-9  # tokens of this one to do first
+                pace = left / (item.expected_done - start) if item.expected_done > start else math.inf
+                return start + need / pace
+            backlog -= left
+        return math.inf
 
     def backlog_at(self, now: float) -> float:
         """Prefill tokens still to do at `now`, without changing the ledger: the queue's total

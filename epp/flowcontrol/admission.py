@@ -59,6 +59,9 @@ class Admission(ABC):
     async def stop(self) -> None:
         """Stop background work; requests still waiting end with an error."""
 
+    def progressed(self) -> None:
+        """An admitted request streamed its first byte: its pod's prefill queue moved."""
+
     def completed(self, request: InferenceRequest, usage: Usage | None) -> None:
         """A request `run` admitted has ended (any way); `usage` when the server reported it."""
 

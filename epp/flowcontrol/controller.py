@@ -18,10 +18,13 @@ highest band, until nothing more can go:
    stops — lower bands never leapfrog a higher band held back by saturation (the reference's
    head-of-line rule; with the default ceiling of 1.0 for every band they would be held too).
 3. The band's own dispatch gate (queue depth with the in-flight guard, KV use, inter-token
-   latency, our in-flight count) filters the open endpoints. A band blocked *only by its own
-   thresholds* is skipped and lower bands may dispatch: a band that asks for stricter conditions
-   (batch only into empty queues) must not hold up others. Configure thresholds that get stricter
-   as priority falls, so a lower band never takes an endpoint a waiting higher band refuses.
+   latency, queued prompt tokens, our in-flight count) filters the open endpoints. A band blocked
+   *only by its own thresholds* is skipped and lower bands may dispatch: a band that asks for
+   stricter conditions (batch only into empty queues) must not hold up others. But a lower band
+   never takes an endpoint the gate of a higher band with requests waiting refuses: batch sent
+   into a pod interactive traffic is waiting to enter would fill it again (a priority
+   inversion; with a queued-tokens gate on interactive and a queue-depth gate on batch, batch
+   would keep every pod prefilling).
 4. The band's fairness policy names the request; its subset hint, if any, narrows the endpoints.
    If none is left, the request waits and lower bands may go; the rest of its own band waits
    behind it for this cycle (fairness order is kept; subset hints are rare and per request).
@@ -63,7 +66,7 @@ from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.sink import FlowMetricsSink
 from epp.flowcontrol.slots import SlotLedger
 from epp.scheduling.framework import SchedulingResult
-from epp.scheduling.prefix_match import PrefixMatch
+from epp.scheduling.prefix_match import held_tokens
 
 log = logging.getLogger("epp.flowcontrol")
 
@@ -78,10 +81,7 @@ def _deadline(item: QueueItem) -> float:
 def _uncached_tokens(item: QueueItem, result: SchedulingResult) -> int:
     """The prompt tokens the chosen endpoint must prefill: the estimate less what the cycle's
     prefix producers believe it holds (what the queued-tokens gate counts)."""
-    prompt = item.request.prompt_tokens_estimate
-    address = result.primary.address
-    held = max((m.tokens(address) for m in result.cycle.data.values() if isinstance(m, PrefixMatch)), default=0)
-    return max(0, prompt - held)
+    return max(0, item.request.prompt_tokens_estimate - held_tokens(result.cycle.data, result.primary.address))
 
 
 class FlowController:
@@ -127,6 +127,20 @@ class FlowController:
         """The earliest TTL expiry among queued requests (when to run a cycle at the latest)."""
         item = self._ttl.peek()
         return item.deadline if item is not None else None
+
+    def next_reopening(self, now: float | None = None) -> float:
+        """The earliest time a band with queued requests sees an endpoint's queued-tokens gate
+        reopen by the ledger's timeline alone (`inf`: none); callers run a cycle then."""
+        now = self.clock() if now is None else now
+        earliest = math.inf
+        endpoints: Sequence[Endpoint] | None = None
+        for band in self._order:
+            gate = band.config.gate
+            if band.count and gate.queued_tokens_threshold is not None:
+                if endpoints is None:
+                    endpoints = self.endpoints()
+                earliest = min(earliest, gate.reopens_at(endpoints, self._recent, now))
+        return earliest
 
     # -- enqueue --
 
@@ -310,6 +324,7 @@ class FlowController:
 
     def _dispatch_one(self, endpoints: list[Endpoint], now: float) -> Ending | None:
         saturation: dict[Endpoint, float] = {}
+        refused: set[Endpoint] = set()  # closed by the gate of a band with requests waiting
         for band in self._order:
             if not band.count:
                 continue
@@ -323,14 +338,21 @@ class FlowController:
                     open_.append(ep)
             if not open_:
                 return None  # saturated: lower bands wait too (head of line)
-            eligible = band.config.gate.filter(open_, self._recent)
+            if refused:
+                open_ = [ep for ep in open_ if ep not in refused]
+                if not open_:
+                    continue
+            eligible = band.config.gate.filter(open_, self._recent, now)
+            if len(eligible) < len(open_):
+                kept = set(eligible)
+                refused.update(ep for ep in open_ if ep not in kept)
             if band.config.slotted:
                 ending = self._dispatch_slotted(band, open_, eligible, now)
                 if ending is not None:
                     return ending
                 continue
             if not eligible:
-                continue  # this band's own thresholds; lower bands may go
+                continue  # this band's own thresholds; lower bands may go where it is open
             head = band.queue.peek()
             assert head is not None
             candidates = self._allowed(head, eligible)

@@ -2,9 +2,10 @@
 
 `run` enqueues the request, runs a dispatch cycle at once (an idle pool dispatches without a
 single extra loop turn) and waits on a future the cycle resolves. A background loop runs a cycle
-whenever something may have freed capacity: a request completed, an endpoint was added, a TTL
-is due, and every `tick` seconds while requests wait (new scraped metrics arrive on that
-cadence; the default is the scrape interval).
+whenever something may have freed capacity: a request completed or streamed its first byte (its
+prefill is over), an endpoint was added, a TTL is due, a queued-tokens gate reopens by the
+ledger's timeline, and every `tick` seconds while requests wait (new scraped metrics arrive on
+that cadence; the default is the scrape interval).
 
 A caller that is cancelled while queued (the client went away, so Envoy closed the stream) takes
 its request out of the queue synchronously in its `except` block: nothing stays behind. One
@@ -32,6 +33,7 @@ from epp.scheduling.framework import SchedulingResult
 
 log = logging.getLogger("epp.flowcontrol")
 
+_MIN_REOPEN_SLEEP = 0.001  # seconds: the loop never spins on a reopening it just missed
 STATE_KEY = "flow-control"  # the request's dispatched QueueItem, in `InferenceRequest.state`
 
 
@@ -105,6 +107,10 @@ class FlowControlAdmission(Admission):
         assert ending.result is not None
         return ending.result
 
+    def progressed(self) -> None:
+        if len(self.controller):
+            self.wake()
+
     def completed(self, request: InferenceRequest, usage: Usage | None) -> None:
         item = request.state.pop(STATE_KEY, None)
         if item is None:
@@ -160,6 +166,10 @@ class FlowControlAdmission(Admission):
             now = self.controller.clock()
             if deadline is not None:
                 timeout = min(timeout, max(0.0, deadline - now))
+            if timeout > _MIN_REOPEN_SLEEP and len(self.controller):
+                reopening = self.controller.next_reopening(now)
+                if reopening < math.inf:  # a token gate reopens before the tick: be there
+                    timeout = min(timeout, max(_MIN_REOPEN_SLEEP, reopening - now))
             self._sleep_until = now + timeout
             if not wake.is_set():
                 try:

@@ -24,6 +24,7 @@ from epp.flowcontrol.admission import Admission
 from epp.observability.trace import DecisionRecord, DecisionTrace
 from epp.requestcontrol.sink import RequestMetricsSink
 from epp.scheduling.framework import PreRequest, ResponseComplete, ResponseReceived, SchedulingResult
+from epp.scheduling.prefix_match import held_tokens
 from epp.scheduling.scheduler import Scheduler
 
 log = logging.getLogger("epp.requestcontrol")
@@ -232,7 +233,9 @@ class Director:
             stats = self.datastore.models.get(request.target_model)
             prompt = stats.prompt_tokens(len(request.prompt))
             output = stats.expected_output(request.max_tokens)
-            item = Outstanding(prompt, 0, max(1, output), now, streamed=request.stream, model=request.target_model)
+            cached = min(prompt - 1, held_tokens(result.cycle.data, endpoint.address)) if result is not None else 0
+            item = Outstanding(prompt, max(0, cached), max(1, output), now, streamed=request.stream,
+                               model=request.target_model)
             estimate = service.ttft(load.backlog_at(now) + item.prefill_tokens, item.attention_pairs,
                                     load.decoding, load.context_tokens)
             item.predicted_ttft = estimate.seconds
@@ -268,6 +271,7 @@ class Director:
             return  # a buffered response's first byte is its last: no time to first token
         load, service = endpoint.load, endpoint.service
         load.first_byte(item, now)
+        self.admission.progressed()
         item.mark_time = now
         item.mark_decode_integral = load.decode_integral
         item.mark_context_integral = load.context_integral
@@ -325,7 +329,7 @@ class Director:
                 load.release(record.outstanding, now)
         if usage is not None and not record.error_code and record.request.body is not None:
             self.datastore.models.get(record.request.target_model).observe(
-                len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens)
+                len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)
         if record.admitted:
             try:
                 self.admission.completed(record.request, usage)

@@ -13,6 +13,7 @@ from events, "approximate" for endpoints that publish none) and, for blocks held
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 SOURCE_PRECISE = "precise"
@@ -51,3 +52,9 @@ class PrefixMatch:
 
     def ratio(self, address: str) -> float:
         return self.credit(address) / self.total if self.total else 0.0
+
+
+def held_tokens(data: Mapping[str, object], address: str) -> int:
+    """Prompt tokens the cycle's prefix producers believe (the largest claim, when two run) `address`
+    holds: what a request sent there need not prefill."""
+    return max((m.tokens(address) for m in data.values() if isinstance(m, PrefixMatch)), default=0)

@@ -109,3 +109,25 @@ def test_scrape_snapshot_tells_own_requests_from_unexplained_ones() -> None:
     load.mark_scrape()
     assert (load.requests_at_scrape, load.pending_at_scrape) == (2, 2)
     assert load.footprint_at_scrape == load.footprint_tokens
+
+
+def test_when_the_backlog_falls_below_a_threshold_by_the_timeline() -> None:
+    load = EndpointLoad()
+    a, b = item(1000, ttft=0.2), item(500, ttft=0.3)  # a: 0 → 0.2 s; b: 0.2 → 0.3 s
+    load.add(a, 0.0)
+    load.add(b, 0.0)
+    assert load.backlog_below_at(2000, 0.0) == 0.0  # already below
+    assert load.backlog_below_at(1000, 0.0) == pytest.approx(0.1, rel=1e-6)  # half of a done
+    assert load.backlog_below_at(250, 0.0) == pytest.approx(0.25, rel=1e-6)  # a done, half of b
+    assert load.backlog_below_at(0, 0.0) == float("inf")  # never below nothing
+
+
+def test_a_request_well_past_its_predicted_first_token_counts_whole_as_late() -> None:
+    load = EndpointLoad()
+    a = item(1000, ttft=0.2)
+    load.add(a, 0.0)
+    assert load.late_prefill(0.15) == 0 and load.late_prefill(0.21) == 0  # on time, or barely late
+    assert load.backlog_at(0.5) == 0.0  # the timeline says done...
+    assert load.late_prefill(0.5) == 1000  # ...but no first byte came: a gate counts it whole
+    load.first_byte(a, 0.5)
+    assert load.late_prefill(0.6) == 0

@@ -4,7 +4,7 @@ its picks the way the director does (so gates that read our in-flight counts see
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,6 +13,7 @@ from epp.api.request import Api, InferenceRequest, slo_seconds
 from epp.api.response import Usage
 from epp.config.loader import load_config
 from epp.datastore import Datastore, Endpoint, EndpointSpec
+from epp.datastore.load import Outstanding
 from epp.errors import Code, EppError
 from epp.flowcontrol.config import FlowControlConfig
 from epp.flowcontrol.controller import FlowController
@@ -20,6 +21,7 @@ from epp.flowcontrol.item import Ending, Outcome, QueueItem
 from epp.flowcontrol.saturation import SaturationDetector
 from epp.flowcontrol.utilization_detector import UtilizationDetector
 from epp.scheduling.framework import ProfileResult, SchedulingResult
+from epp.scheduling.prefix_match import PrefixMatch, held_tokens
 
 _ids = itertools.count(1)
 
@@ -65,7 +67,7 @@ class Pool:
 
     def scrape(self, ep: Endpoint, **metrics: Any) -> None:
         """New scraped metrics for `ep`, taken now."""
-        ep.metrics = replace(ep.metrics, update_time=self.clock(), **metrics)
+        ep.update_metrics(replace(ep.metrics, update_time=self.clock(), **metrics))
         self.clock.advance(0.001)  # every scrape is a distinct instant
 
 
@@ -93,10 +95,17 @@ def request(flow: str = "default-flow", *, priority: int = 0, prompt: str = "x" 
 
 @dataclass
 class Scheduler:
-    """Picks the candidate with the fewest in-flight requests and counts the pick at once."""
+    """Picks the candidate with the fewest in-flight requests and counts the pick at once, as the
+    director does. Given a clock it also books the pick in the endpoint's ledger (its prefill
+    predicted to end `prefill_seconds` after the one ahead), less a `prefix` the cycle's prefix
+    producer would claim (tokens held per address)."""
 
     calls: list[list[str]] = field(default_factory=list)
     fail: EppError | None = None
+    clock: Callable[[], float] | None = None
+    prefill_seconds: float = 1.0
+    prefix: dict[str, int] = field(default_factory=dict)
+    booked: list[Outstanding] = field(default_factory=list)  # ledger entries, in pick order
 
     def __call__(self, req: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
         self.calls.append([ep.address for ep in candidates])
@@ -104,7 +113,19 @@ class Scheduler:
             raise self.fail
         ep = min(candidates, key=lambda e: (e.inflight_requests, e.address))
         ep.inflight_requests += 1
-        return SchedulingResult("default", {"default": ProfileResult(targets=[ep], candidates=list(candidates))})
+        result = SchedulingResult("default", {"default": ProfileResult(targets=[ep], candidates=list(candidates))})
+        if self.prefix:
+            result.cycle.data["approx-prefix-cache-producer"] = PrefixMatch(
+                total=req.prompt_tokens_estimate, block_size_tokens=1, matched=dict(self.prefix))
+        if self.clock is not None:
+            now = self.clock()
+            ahead = ep.load.pending[-1].expected_done - now if ep.load.pending else 0.0
+            prompt = req.prompt_tokens_estimate
+            entry = Outstanding(prompt, min(prompt - 1, held_tokens(result.cycle.data, ep.address)), 1, now,
+                                predicted_ttft=max(0.0, ahead) + self.prefill_seconds)
+            ep.load.add(entry, now)
+            self.booked.append(entry)
+        return result
 
 
 def item(req: InferenceRequest, schedule: Scheduler, allowed: Sequence[str] | None = None) -> QueueItem:

@@ -95,21 +95,29 @@ def test_a_lower_band_never_leapfrogs_a_higher_band_held_by_saturation() -> None
     assert dispatched(fc.dispatch()) == [high, low]
 
 
-def test_a_band_blocked_by_its_own_threshold_does_not_hold_lower_bands() -> None:
-    pool = Pool(1)
+def test_a_lower_band_never_takes_an_endpoint_a_waiting_higher_band_refuses() -> None:
+    """Per-endpoint head of line: a pod the higher band's gate refuses stays closed to lower
+    bands while the higher band waits (else they would keep it full and the higher band
+    starves); a pod it accepts is its own."""
+    pool = Pool(2)
+    busy, idle = pool.endpoints
     fc = controller(pool, """\
 flowControl:
   priorityBands:
   - {priority: 10, dispatchGate: {queueDepthThreshold: 1}}   # only into an empty queue
   - {priority: 0, dispatchGate: {queueDepthThreshold: 3}}
 """)
-    pool.scrape(pool.endpoints[0], waiting_queue_size=1)
+    pool.scrape(busy, waiting_queue_size=1)
+    pool.scrape(idle, waiting_queue_size=1)
     s = Scheduler()
     strict, loose = item(request(priority=10), s), item(request(priority=0), s)
     fc.enqueue(strict)
     fc.enqueue(loose)
-    assert dispatched(fc.dispatch()) == [loose]
-    assert strict.queued
+    assert fc.dispatch() == []  # both pods refuse the strict band: the loose one waits too
+    pool.scrape(idle, waiting_queue_size=0)
+    # The strict one takes the empty queue; then nothing higher waits and the loose gate decides.
+    assert dispatched(fc.dispatch()) == [strict, loose]
+    assert strict.endpoint is idle
 
 
 def test_batch_waiting_for_an_idle_pod_does_not_block_interactive() -> None:
@@ -632,7 +640,7 @@ flowControl:
         for band in fc.bands():
             head = band.queue.peek()
             if head is not None:
-                assert band.config.gate.filter(pool.endpoints, fc._recent) == [], (band.priority, head)
+                assert band.config.gate.filter(pool.endpoints, fc._recent, pool.clock()) == [], (band.priority, head)
     for it in running:
         finish(fc, it)
     while len(fc):
