@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from epp.datastore.batch_limit import BatchLimit
 from epp.datastore.load import EndpointLoad
 from epp.datastore.service_model import ServiceModel
 
@@ -97,6 +98,7 @@ class Endpoint:
     labels: dict[str, str] = field(default_factory=dict)
     load: EndpointLoad = field(default_factory=EndpointLoad)
     service: ServiceModel = field(default_factory=ServiceModel)
+    batch_limit: BatchLimit = field(default_factory=BatchLimit)
 
     def __post_init__(self) -> None:
         self.labels = dict(self.spec.labels)
@@ -106,6 +108,8 @@ class Endpoint:
         self.metrics = metrics
         self.metrics_valid = True
         self.load.mark_scrape()
+        self.batch_limit.observe(metrics.running_requests, metrics.waiting_queue_size, metrics.kv_cache_usage,
+                                 self.load.prefill_backlog, self.service.prior.max_batched_tokens)
 
     @property
     def address(self) -> str:

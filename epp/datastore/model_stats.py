@@ -4,6 +4,12 @@ is, and how long outputs are when a request does not say.
 The prefix hasher and the ledger count prompts in characters until they know better; a model's
 own tokenizer may average 3 or 5 characters per token, which moves every prefill estimate by as
 much. Each served request with `usage` corrects both numbers (exponential averages, bounded).
+
+A request's `max_tokens` is sometimes a length (benchmarks, `ignore_eos`, clients that know) and
+usually a generous limit. Which one a model's clients mean is learned, not assumed: the share of
+responses that ran to their `max_tokens` (`at_limit`). A request then expects
+`at_limit × max_tokens + (1 − at_limit) × min(max_tokens, mean output of those that stopped
+earlier)` — the mean of a natural length cut at the limit, plus the runs that reach it.
 """
 
 from __future__ import annotations
@@ -24,28 +30,51 @@ class ModelStats:
     mean_output_tokens: float = DEFAULT_OUTPUT_TOKENS
     mean_prompt_tokens: float = DEFAULT_PROMPT_TOKENS
     samples: int = 0
+    at_limit: float = 0.0  # share of responses with a max_tokens that generated all of it
+    mean_free_output: float = DEFAULT_OUTPUT_TOKENS  # mean output of those that stopped earlier
+    limited_samples: int = 0
+    free_samples: int = 0
 
     def expected_output(self, max_tokens: int | None) -> int:
-        """Tokens a request will generate: the learned mean, capped by its `max_tokens` (which is
-        usually a generous limit, not a length); `max_tokens` alone until there are samples."""
+        """Tokens a request will generate (see the module docstring); `max_tokens` alone until
+        there are samples."""
         if max_tokens is not None and max_tokens > 0:
-            if self.samples < _MIN_SAMPLES:
+            if self.limited_samples < _MIN_SAMPLES:
                 return max_tokens
-            return max(1, min(max_tokens, int(self.mean_output_tokens)))
+            free = self.mean_free_output if self.free_samples else self.mean_output_tokens
+            p = self.at_limit
+            return max(1, int(p * max_tokens + (1.0 - p) * min(max_tokens, free)))
         return max(1, int(self.mean_output_tokens))
 
     def prompt_tokens(self, prompt_chars: int) -> int:
         return max(1, int(prompt_chars / self.chars_per_token))
 
-    def observe(self, prompt_chars: int, prompt_tokens: int, output_tokens: int) -> None:
-        alpha = max(0.02, 1.0 / (self.samples + 1))  # a plain mean at first, then an EWMA
+    def observe(self, prompt_chars: int, prompt_tokens: int, output_tokens: int,
+                max_tokens: int | None = None) -> None:
+        alpha = _alpha(self.samples)
         if prompt_tokens > 0 and prompt_chars > 0:
             ratio = min(16.0, max(0.5, prompt_chars / prompt_tokens))
             self.chars_per_token += alpha * (ratio - self.chars_per_token)
             self.mean_prompt_tokens += alpha * (min(prompt_tokens, 1 << 20) - self.mean_prompt_tokens)
         if output_tokens >= 0:
-            self.mean_output_tokens += alpha * (min(output_tokens, 1 << 20) - self.mean_output_tokens)
+            output = min(output_tokens, 1 << 20)
+            self.mean_output_tokens += alpha * (output - self.mean_output_tokens)
+            if max_tokens is not None and max_tokens > 0:
+                reached = output >= max_tokens
+                self.at_limit += _alpha(self.limited_samples) * ((1.0 if reached else 0.0) - self.at_limit)
+                self.limited_samples += 1
+                if not reached:
+                    self.mean_free_output += _alpha(self.free_samples) * (output - self.mean_free_output)
+                    self.free_samples += 1
+            else:
+                self.mean_free_output += _alpha(self.free_samples) * (output - self.mean_free_output)
+                self.free_samples += 1
         self.samples += 1
+
+
+def _alpha(samples: int) -> float:
+    """A plain mean at first, then an exponential average."""
+    return max(0.02, 1.0 / (samples + 1))
 
 
 class ModelStatsTable:

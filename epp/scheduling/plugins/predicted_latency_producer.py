@@ -228,7 +228,7 @@ class PredictedLatencyProducer(DataProducer):
                    unexplained: int) -> float:
         """Seconds until a batch slot frees when the pod already runs `maxNumSeqs` requests."""
         running = ep.load.requests + unexplained
-        limit = ep.service.prior.max_num_seqs
+        limit = ep.batch_limit.limit(self.prior.max_num_seqs)
         if running < limit or decoding <= 0.0:
             return 0.0
         step = ep.service.step_seconds(decoding, context)

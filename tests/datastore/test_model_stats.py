@@ -1,0 +1,60 @@
+"""What the EPP learns per model: output lengths, with `max_tokens` read as a length or a limit as
+the model's clients turn out to use it."""
+
+from __future__ import annotations
+
+import random
+
+from epp.datastore.model_stats import DEFAULT_OUTPUT_TOKENS, ModelStats
+
+
+def test_without_samples_max_tokens_is_the_expectation() -> None:
+    stats = ModelStats()
+    assert stats.expected_output(300) == 300
+    assert stats.expected_output(None) == int(DEFAULT_OUTPUT_TOKENS)
+
+
+def test_clients_that_send_the_length_get_it_back() -> None:
+    """Benchmarks and `ignore_eos` clients: every response runs to its max_tokens, and lengths
+    differ a lot (16-token answers beside 800-token essays): the mean would serve neither."""
+    stats = ModelStats()
+    rng = random.Random(1)
+    for _ in range(200):
+        n = rng.choice([rng.randint(16, 48), rng.randint(400, 800)])
+        stats.observe(400, 100, n, max_tokens=n)
+    assert stats.at_limit > 0.99
+    assert stats.expected_output(20) == 20
+    assert stats.expected_output(700) == 700
+
+
+def test_generous_limits_give_the_natural_length() -> None:
+    stats = ModelStats()
+    rng = random.Random(2)
+    for _ in range(400):
+        stats.observe(400, 100, rng.randint(100, 300), max_tokens=4096)
+    assert stats.at_limit < 0.05
+    assert 180 <= stats.expected_output(4096) <= 230
+    assert stats.expected_output(50) == 50  # a limit below the natural length still caps it
+
+
+def test_a_share_that_runs_to_the_limit_is_counted() -> None:
+    """5% of the responses hit a 2,000-token cap, the rest stop near 200: the expectation is the
+    mixture, not the mean of the ones that stopped."""
+    stats = ModelStats()
+    rng = random.Random(3)
+    for _ in range(2000):
+        if rng.random() < 0.05:
+            stats.observe(400, 100, 2000, max_tokens=2000)
+        else:
+            stats.observe(400, 100, rng.randint(150, 250), max_tokens=2000)
+    expected = stats.expected_output(2000)
+    assert 0.03 < stats.at_limit < 0.08
+    assert 240 < expected < 420  # 0.05 × 2000 + 0.95 × 200 = 290
+
+
+def test_requests_without_max_tokens_teach_the_natural_length() -> None:
+    stats = ModelStats()
+    for _ in range(50):
+        stats.observe(400, 100, 120)
+    assert stats.expected_output(None) == 120
+    assert stats.expected_output(1000) == 1000  # nothing yet says how this model's clients use it
