@@ -104,7 +104,6 @@ class FlowController:
         self._ttl = HeapQueue(_deadline)  # queued items with a finite deadline
         self._recent = RecentDispatches()
         self.slots = SlotLedger(config.max_num_seqs)
-        self._slotted = config.default_band.slotted or any(b.slotted for b in config.bands.values())
         self.passed_over = 0  # dispatches that went to a later flow: the ones before held their share
         self.reserve_dispatches = 0  # requests sent into a newcomer reserve past a closed gate
         self._seq = itertools.count(1)
@@ -302,8 +301,6 @@ class FlowController:
         endpoints = list(self.endpoints())
         self._recent.prune(endpoints)
         self.slots.prune(endpoints)
-        if self._slotted:
-            self.slots.observe(endpoints)
         while self.queued_requests:
             ending = self._dispatch_one(endpoints, now)
             if ending is None:

@@ -23,12 +23,12 @@ without a scrape. Three decisions read this ledger:
 
 **Slots per endpoint.** vLLM does not export `max_num_seqs` (its only config gauge,
 `vllm:cache_config_info`, carries CacheConfig labels: blocks, block size, dtype, no scheduler
-settings), so it is configured (`flowControl.maxNumSeqs`, vLLM's default 256) and raised, per
-endpoint, to the largest `running_requests` a valid scrape has shown: running requests prove at
-least that many slots, so a configured value that is too low corrects itself. A value that is
-too high cannot be detected (a pod need never be full), so the configuration is trusted there;
-learning alone would start at zero and hold back flows on a pool that has never been busy.
-The learned value is capped at `MAX_SLOTS` whatever a pod reports.
+settings), so it is configured (`flowControl.maxNumSeqs`, vLLM's default 256) and corrected per
+endpoint from its scrapes (`epp.datastore.batch_limit`): running requests prove at least that
+many slots, so a configured value that is too low corrects itself; requests seen waiting for a
+slot (KV room, no prompt filling the step's budget) at the most the pod ever ran show the real
+limit, so one that is too high does too, once the pod has been full. The value is capped at
+`MAX_SLOTS` whatever a pod reports.
 
 Cost: O(1) per dispatch, completion and check; memory bounded by the requests in flight (an
 entry is dropped when its count returns to zero) plus one integer per endpoint seen.
@@ -54,7 +54,6 @@ class EndpointSlots:
     inflight: int = 0
     reserved: int = 0  # of those, sent into the newcomer reserve past a closed gate
     by_flow: dict[FlowKey, int] = field(default_factory=dict)
-    most_running: int = 0  # the largest running_requests a valid scrape showed
 
 
 class SlotLedger:
@@ -75,23 +74,12 @@ class SlotLedger:
         return slots
 
     def slots(self, endpoint: Endpoint) -> int:
-        """Running slots of the endpoint: the configured count, or more if a scrape showed more."""
-        entry = self._eps.get(endpoint)
-        seen = entry.most_running if entry is not None else 0
-        return seen if seen > self.max_num_seqs else self.max_num_seqs
+        """Running slots of the endpoint: the configured count, corrected by its scrapes."""
+        return min(MAX_SLOTS, endpoint.batch_limit.limit(self.max_num_seqs))
 
     def held(self, endpoint: Endpoint, flow: FlowKey) -> int:
         entry = self._eps.get(endpoint)
         return entry.by_flow.get(flow, 0) if entry is not None else 0
-
-    def observe(self, endpoints: Sequence[Endpoint]) -> None:
-        """Learn each endpoint's slot lower bound from its latest valid scrape."""
-        for ep in endpoints:
-            running = ep.metrics.running_requests
-            if running > self.max_num_seqs and ep.metrics_valid:
-                entry = self.of(ep)
-                if running > entry.most_running:
-                    entry.most_running = min(running, MAX_SLOTS)
 
     def add(self, endpoint: Endpoint, flow: FlowKey, *, reserved: bool = False) -> int:
         """Count a dispatch; returns how many of the flow's requests were there before it."""

@@ -250,8 +250,8 @@ def test_slots_are_configured_and_raised_by_what_a_pod_shows_running() -> None:
     fc = controller(pool, config())
     p0, p1 = pool.endpoints
     pool.scrape(p0, running_requests=12)
-    pool.scrape(p1, running_requests=12)
-    p1.metrics_valid = False  # a scrape with a value out of bounds teaches nothing
+    # A scrape with a value out of bounds is not taken (the data layer keeps the last valid one).
+    p1.metrics_valid = False
     enqueue(fc, "a", 1, Scheduler())
     fc.dispatch()
     assert fc.slots.slots(p0) == 12 and fc.slots.slots(p1) == SLOTS
@@ -260,12 +260,20 @@ def test_slots_are_configured_and_raised_by_what_a_pod_shows_running() -> None:
     assert fc.slots.slots(p0) == 12  # a lower bound: fewer running later proves nothing
 
 
+def test_a_pod_full_with_requests_waiting_for_a_slot_shows_fewer_slots_than_configured() -> None:
+    pool = Pool(1)
+    ledger = SlotLedger(256)
+    ep = pool.endpoints[0]
+    for _ in range(3):
+        pool.scrape(ep, running_requests=8, waiting_queue_size=5, kv_cache_usage=0.3)
+    assert ledger.slots(ep) == 8
+
+
 def test_a_learned_slot_count_is_bounded() -> None:
     pool = Pool(1)
     ledger = SlotLedger(8)
     ep = pool.endpoints[0]
     pool.scrape(ep, running_requests=999_999)
-    ledger.observe([ep])
     assert ledger.slots(ep) == MAX_SLOTS
 
 
