@@ -50,6 +50,8 @@ class _Tracked:
     scrape_time: float = -1.0  # the `update_time` whose ledger snapshot got the others' queue
     own_fit: tuple[float, float] = (1.0, 1.0)
     own_observations: int = 0
+    peer_fits: list[tuple[float, float, float]] = field(default_factory=list)  # (step, prefill, observations)
+    blended_observations: int = -1  # own observations at the last blend
 
 
 class SharedLoad:
@@ -106,6 +108,8 @@ class SharedLoad:
         for tracked in self._tracked.values():
             if moved and any(table.version(m, tracked.slot) != tracked.versions.get(m) for m in moved):
                 self._fold(tracked, now)
+            elif tracked.peer_fits and tracked.endpoint.service.observations != tracked.blended_observations:
+                self._blend(tracked)  # this process learned: re-weigh its own fit against the others'
             metrics_time = tracked.endpoint.metrics.update_time
             if metrics_time != tracked.scrape_time:
                 # A scrape landed: its ledger snapshot counts this process's queue only
@@ -129,6 +133,7 @@ class SharedLoad:
             peers[t.WORK_RATE] += row[t.WORK_RATE] * decay
             if row[t.OBSERVATIONS] > 0:
                 fits.append((row[t.STEP_SCALE], row[t.PREFILL_SCALE], row[t.OBSERVATIONS]))
+        tracked.peer_fits = fits
         folded = tracked.folded
         ep = tracked.endpoint
         load = ep.load
@@ -151,14 +156,16 @@ class SharedLoad:
             peers[i] = folded[i] + round(delta[i])
         tracked.folded = peers
         tracked.folded_at = now
-        self._blend(tracked, fits)
+        self._blend(tracked)
 
     @staticmethod
-    def _blend(tracked: _Tracked, fits: list[tuple[float, float, float]]) -> None:
+    def _blend(tracked: _Tracked) -> None:
         service = tracked.endpoint.service
         if service.observations != tracked.own_observations:  # learned since its fit was recorded
             tracked.own_fit = (service.step_scale, service.prefill_scale)
             tracked.own_observations = service.observations
+        tracked.blended_observations = service.observations
+        fits = tracked.peer_fits
         if not fits:
             return
         weight = min(float(tracked.own_observations), _MEMORY)
