@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "epp"
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "epp.params": ("epp.",),
     "epp.errors": ("epp.",),
+    "epp.shm": ("epp.",),
     "epp.datastore": ("epp.api", "epp.config", "epp.scheduling", "epp.flowcontrol", "epp.requestcontrol",
                       "epp.datalayer", "epp.discovery", "epp.extproc", "epp.observability", "epp.sim"),
     "epp.api": ("epp.config", "epp.scheduling", "epp.flowcontrol", "epp.requestcontrol", "epp.datalayer",
