@@ -57,6 +57,11 @@ class EnvoyConfig:
     upstream_timeout_s: float = 300.0
     # Without ext_proc the pool is a plain round-robin cluster over these "ip:port" upstreams.
     upstreams: tuple[str, ...] = ()
+    # More EPP replicas behind the ext_proc cluster (round-robin per stream), and a cap on the
+    # streams per HTTP/2 connection to the EPP: with `epp serve --workers N` the kernel spreads
+    # *connections* over the workers, so Envoy must open several (0: Envoy's default, one).
+    extra_epp_ports: tuple[int, ...] = ()
+    epp_max_concurrent_streams: int = 0
 
     def render(self) -> str:
         trailer = "SEND" if "FULL_DUPLEX" in (self.request_body_mode + self.response_body_mode) else "SKIP"
@@ -115,14 +120,21 @@ static_resources:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
+        explicit_http_config: {{http2_protocol_options: {{{self._epp_streams()}}}}}
     load_assignment:
       cluster_name: epp
       endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address: {{socket_address: {{address: 127.0.0.1, port_value: {self.epp_port}}}}}{tls}
+      - lb_endpoints:{self._epp_endpoints()}{tls}
 """
+
+    def _epp_streams(self) -> str:
+        return f"max_concurrent_streams: {self.epp_max_concurrent_streams}" if self.epp_max_concurrent_streams else ""
+
+    def _epp_endpoints(self) -> str:
+        return "".join(f"""
+        - endpoint:
+            address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}"""
+                       for port in (self.epp_port, *self.extra_epp_ports))
 
 
     def _pool_cluster(self) -> str:

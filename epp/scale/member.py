@@ -1,10 +1,11 @@
-"""One process's link to its pod's shared state: the table, its ring, the others' rings.
+"""One process's link to its pod's shared state: the table and the prefix rings, in one segment.
 
-A pod's shared directory holds the table (`table`) and one prefix ring per member
-(`ring-<member>`). Members are numbered: the request-path workers first, then the flow-control
-dispatcher (when flow control is configured), then the replica link (with `--replicas-url`).
-`Member.install` hooks a built core into it: the director's `shared` hooks, and the approximate
-prefix producers' indexes replaced by broadcasting ones (before any traffic, while empty).
+A pod's shared segment (`epp.shm.Segment`, created by the supervisor) holds the table and one
+prefix ring per member. Members are numbered: the request-path workers first, then the
+flow-control dispatcher (when flow control is configured), then the replica link (with
+`--replicas-url`). `Member.install` hooks a built core into it: the director's `shared` hooks, and
+the approximate prefix producers' indexes replaced by broadcasting ones (before any traffic,
+while they are empty).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from epp.core import Core
 from epp.datastore import Endpoint
@@ -22,22 +22,24 @@ from epp.scale import table as t
 from epp.scale.peers import SharedLoad
 from epp.scale.prefix import PrefixSync, SharedPrefixIndex
 from epp.scale.ring import Ring
-from epp.scale.table import SharedTable, TableSpec
+from epp.scale.table import SharedTable
 from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
+from epp.shm import Segment
 
 log = logging.getLogger("epp.scale")
 
 
 @dataclass(slots=True, frozen=True)
 class PodLayout:
-    """What every process of the pod needs to map its shared state."""
+    """What every process of the pod needs to map its shared state (picklable: it is handed to
+    each process the supervisor starts)."""
 
-    directory: str
+    segment: str  # the segment's name
     workers: int
     dispatcher: bool = False
     replica_link: bool = False
-    capacity: int = 1024
-    ring_bytes: int = 4 << 20
+    capacity: int = 1024  # endpoints
+    ring_bytes: int = 4 << 20  # per member; pages are only used as the ring fills
 
     @property
     def members(self) -> int:
@@ -52,26 +54,48 @@ class PodLayout:
         return self.members - 1 if self.replica_link else -1
 
     @property
-    def table(self) -> TableSpec:
-        return TableSpec(self.directory, self.capacity, self.members)
+    def size(self) -> int:
+        return SharedTable.size(self.capacity, self.members) + self.members * Ring.footprint(self.ring_bytes)
 
-    def ring_path(self, member: int) -> Path:
-        return Path(self.directory) / f"ring-{member}"
+    @staticmethod
+    def create(workers: int, *, dispatcher: bool = False, replica_link: bool = False, capacity: int = 1024,
+               ring_bytes: int = 4 << 20) -> tuple[PodLayout, Segment]:
+        """A new segment for a pod (the supervisor's; it owns it and removes it on close)."""
+        probe = PodLayout("", workers, dispatcher, replica_link, capacity, ring_bytes)
+        segment = Segment.create(probe.size, prefix="epp-pod")
+        return PodLayout(segment.name, workers, dispatcher, replica_link, capacity, ring_bytes), segment
 
-    def create(self) -> None:
-        """Create the files (the supervisor, once, before any member starts)."""
-        SharedTable(self.table, create=True).close()
-        for member in range(self.members):
-            Ring(self.ring_path(member), self.ring_bytes, create=True).close()
+
+class PodState:
+    """The table and rings mapped in this process."""
+
+    def __init__(self, layout: PodLayout, segment: Segment | None = None) -> None:
+        self.layout = layout
+        self.segment = segment or Segment.attach(layout.segment)
+        self._attached = segment is None
+        buf = self.segment.buf
+        self.table = SharedTable(buf, layout.capacity, layout.members, lock_path=self.segment.path)
+        offset = SharedTable.size(layout.capacity, layout.members)
+        self.rings: dict[int, Ring] = {}
+        for member in range(layout.members):
+            self.rings[member] = Ring(buf, layout.ring_bytes, offset)
+            offset += Ring.footprint(layout.ring_bytes)
+
+    def close(self) -> None:
+        self.table.release()
+        for ring in self.rings.values():
+            ring.release()
+        if self._attached:
+            self.segment.close()
 
 
 class Member:
-    def __init__(self, layout: PodLayout, member: int, core: Core) -> None:
-        self.layout = layout
+    def __init__(self, state: PodState, member: int, core: Core) -> None:
+        self.state = state
         self.member = member
         self.core = core
-        self.table = SharedTable(layout.table)
-        self.rings = {m: Ring(layout.ring_path(m), layout.ring_bytes) for m in range(layout.members)}
+        self.table = state.table
+        self.rings = state.rings
         self.load = SharedLoad(self.table, member, core.datastore)
         self.indexes: list[SharedPrefixIndex] = []
         self.prefix: PrefixSync | None = None
@@ -89,14 +113,22 @@ class Member:
         self.load.start()
         self.core.director.shared = self
         self.table.set_status(self.member, t.PID, os.getpid())
-        self.table.set_status(self.member, t.HEARTBEAT, time.time())
+        self.table.set_status(self.member, t.HEARTBEAT_MS, int(time.time() * 1000))
 
     # -- the director's hooks (`SharedAccounting`) --
 
     def refresh(self) -> None:
+        """Before a pick (and on the timer): the others' prefix picks and accounting."""
+        self.drain()
+        self.count_pick()
+
+    def drain(self) -> None:
         if self.prefix is not None:
             self.prefix.drain()
         self.load.refresh()
+
+    def count_pick(self) -> None:
+        self.table.set_status(self.member, t.PICKS, self.table.status(self.member, t.PICKS) + 1)
 
     def changed(self, endpoint: Endpoint) -> None:
         self.load.changed(endpoint)
@@ -121,10 +153,10 @@ class Member:
         while True:
             await asyncio.sleep(tick)
             try:
-                self.refresh()
+                self.drain()
                 self.load.publish_all()
-                self.table.set_status(self.member, t.HEARTBEAT, time.time())
-                self.table.set_status(self.member, t.SYNCED, float(self.core.datastore.synced))
+                self.table.set_status(self.member, t.HEARTBEAT_MS, int(time.time() * 1000))
+                self.table.set_status(self.member, t.SYNCED, int(self.core.datastore.synced))
             except Exception:  # never stop the timer: a stale view would follow
                 log.exception("shared state refresh failed")
 
@@ -136,7 +168,13 @@ class Member:
         self.core.director.shared = None
         self.load.stop()
 
-    def close(self) -> None:
-        self.table.close()
-        for ring in self.rings.values():
-            ring.close()
+
+@dataclass(slots=True, frozen=True)
+class PodRole:
+    """A process's place in a multi-process pod (`epp serve --workers N`), set by the supervisor."""
+
+    layout: PodLayout
+    member: int
+    dispatcher: bool = False  # this process holds the pod's flow-control queues
+    dispatch_socket: str = ""  # where the dispatcher listens (flow control on); "" otherwise
+    grpc_port: int = 0  # the pod's ext_proc port, shared by the workers (SO_REUSEPORT)

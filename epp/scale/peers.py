@@ -65,7 +65,7 @@ class SharedLoad:
         self.clock = datastore.clock
         self.others = [m for m in (readers if readers is not None else range(table.members)) if m != member]
         self._tracked: dict[str, _Tracked] = {}
-        self._sequences: dict[int, float] = {}
+        self._sequences: dict[int, tuple[int, int]] = {}
         self.full = False  # the table ran out of slots once (logged)
 
     def start(self) -> None:
@@ -103,7 +103,8 @@ class SharedLoad:
     def refresh(self) -> None:
         """Fold every other writer's latest sums into the endpoints (cheap when nothing moved)."""
         table = self.table
-        moved = [m for m in self.others if self._sequences.get(m) != table.sequence(m)]
+        sequences = {m: table.sequence(m) for m in self.others}  # before reading: a later write moves it again
+        moved = [m for m, seq in sequences.items() if self._sequences.get(m) != seq]
         now = self.clock()
         for tracked in self._tracked.values():
             if moved and any(table.version(m, tracked.slot) != tracked.versions.get(m) for m in moved):
@@ -116,8 +117,7 @@ class SharedLoad:
                 # (`mark_scrape` takes len(pending)); the others' requests are in it too.
                 tracked.scrape_time = metrics_time
                 tracked.endpoint.load.pending_at_scrape += int(tracked.folded[t.PENDING])
-        for m in moved:
-            self._sequences[m] = table.sequence(m)
+        self._sequences = sequences
 
     def _fold(self, tracked: _Tracked, now: float) -> None:
         table, slot = self.table, tracked.slot
@@ -219,7 +219,7 @@ class SharedLoad:
             tracked.own_fit[0], tracked.own_fit[1], tracked.own_observations,
         ))
 
-    def own(self, address: str) -> list[float] | None:
+    def own(self, address: str) -> tuple[float, ...] | None:
         """This process's own published row for an endpoint (tests, the admin API)."""
         tracked = self._tracked.get(address)
         return self.table.read(self.member, tracked.slot) if tracked is not None else None

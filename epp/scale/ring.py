@@ -7,7 +7,7 @@ other worker's pick of a moment ago), and adding a reader costs nothing. A reade
 than a ring behind loses the records it missed — the approximate index forgets a few picks, which
 it is built to survive — and counts them.
 
-Layout: an 8-byte head (bytes ever written) and `size` bytes of records; a record is its length
+Layout (a region of the pod's segment): an 8-byte head (bytes ever written) and `size` bytes of records; a record is its length
 (4 bytes), an xxh32 of the payload (4 bytes) and the payload; a record that would not fit before
 the end is preceded by a wrap marker. The checksum makes a record overwritten while it was being
 read (the writer lapped the reader) fail, whatever the processor's store order.
@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 
 import xxhash
-
-from epp.scale.shm import SharedFile
 
 _HEAD = 8
 _RECORD = struct.Struct("<II")  # length, xxh32
@@ -29,16 +26,20 @@ _WRAP = 0xFFFFFFFF
 
 
 class Ring:
-    def __init__(self, path: Path, size: int = 4 << 20, *, create: bool = False) -> None:
-        self.size = size
-        self._file = SharedFile(path, _HEAD + size, create=create)
-        self._head = self._file.view[:_HEAD].cast("q")
-        self._data = self._file.view[_HEAD:]
+    """The ring in `buf` at `offset` (8-byte aligned), `size` bytes of records after its head."""
 
-    def close(self) -> None:
+    def __init__(self, buf: memoryview, size: int, offset: int = 0) -> None:
+        self.size = size
+        self._head = buf[offset:offset + _HEAD].cast("q")
+        self._data = buf[offset + _HEAD:offset + _HEAD + size]
+
+    @staticmethod
+    def footprint(size: int) -> int:
+        return _HEAD + size + (-(_HEAD + size) % 64)
+
+    def release(self) -> None:
         self._head.release()
         self._data.release()
-        self._file.close()
 
     @property
     def head(self) -> int:

@@ -8,7 +8,6 @@ import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,11 +16,10 @@ from epp.api.response import Usage
 from epp.core import Core, build_core
 from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
 from epp.scale import table as t
-from epp.scale.member import Member, PodLayout
+from epp.scale.member import Member, PodLayout, PodState
 from epp.scale.prefix import PrefixRecord, decode, encode
 from epp.scale.ring import Ring, RingReader
-from epp.scale.shm import remove_directory, shared_directory
-from epp.scale.table import SharedTable
+from epp.shm import Segment
 from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 
 PODS = 4
@@ -44,17 +42,16 @@ class Clock:
 
 @pytest.fixture
 def layout() -> Iterator[PodLayout]:
-    directory = shared_directory("epp-test-")
-    layout = PodLayout(str(directory), workers=2, capacity=64, ring_bytes=1 << 16)
-    layout.create()
+    layout, segment = PodLayout.create(2, capacity=64, ring_bytes=1 << 16)
     yield layout
-    remove_directory(directory)
+    segment.close()
 
 
 def worker(layout: PodLayout, member: int, clock: Clock, config: str | None = None) -> tuple[Core, Member]:
+    """A worker's state: its own datastore and core, its own mapping of the pod's segment."""
     store = Datastore(clock=clock)
     core = build_core(store, config, tick=0.05, seed=member)
-    link = Member(layout, member, core)
+    link = Member(PodState(layout), member, core)
     link.install()
     for i in range(PODS):
         ep = store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000))
@@ -105,7 +102,7 @@ def test_a_dead_workers_counts_leave_the_others_view(layout: PodLayout) -> None:
     assert sum(ep.inflight_requests for ep in core_a.datastore.endpoints()) == 6
     assert sum(ep.load.requests for ep in core_a.datastore.endpoints()) == 6
     assert sum(ep.load.prefill_backlog for ep in core_a.datastore.endpoints()) > 0
-    SharedTable(layout.table).clear_member(1)  # what the supervisor does when worker 1 dies
+    PodState(layout).table.clear_member(1)  # what the supervisor does when worker 1 dies
     link_a.refresh()
     assert sum(ep.inflight_requests for ep in core_a.datastore.endpoints()) == 0
     assert sum(ep.load.requests for ep in core_a.datastore.endpoints()) == 0
@@ -176,8 +173,9 @@ def test_ledger_sums_add_up_and_own_part_stays_exact(layout: PodLayout) -> None:
         assert [(x.requests, x.decoding, x.prefill_backlog, x.footprint_tokens) for x in loads] == [(0, 0, 0, 0)] * PODS
 
 
-def test_ring_records_survive_wraps_and_a_lapped_reader_resynchronises(tmp_path: Path) -> None:
-    ring = Ring(tmp_path / "ring", 4096, create=True)
+def test_ring_records_survive_wraps_and_a_lapped_reader_resynchronises() -> None:
+    segment = Segment.create(Ring.footprint(4096), prefix="epp-test")
+    ring = Ring(segment.buf, 4096)
     reader = RingReader(ring)
     records = [PrefixRecord(1, "approx", f"10.0.0.{i % 4}:8000", list(range(i, i + 20)), 500, 3) for i in range(100)]
     seen = []
@@ -191,4 +189,5 @@ def test_ring_records_survive_wraps_and_a_lapped_reader_resynchronises(tmp_path:
     assert list(late.read()) == [] and late.lost == 1
     ring.append(encode(records[0]))
     assert [decode(p) for p in late.read()] == [records[0]]
-    ring.close()
+    ring.release()
+    segment.close()
