@@ -139,7 +139,7 @@ class EndpointPicker:
         if role is not None and role.dispatch_socket and not role.dispatcher:
             from epp.scale.dispatcher import RemoteDirector
 
-            self.remote = RemoteDirector(self.director, role.dispatch_socket)
+            self.remote = RemoteDirector(self.director, role.dispatch_socket, counted=self.member.count_pick)
             return self.remote
         return self.director
 
@@ -206,7 +206,8 @@ class EndpointPicker:
             from epp.scale.dispatcher import DispatchServer
 
             self._dispatch = DispatchServer(self.director, role.dispatch_socket,
-                                            max_body_bytes=o.max_request_body_bytes)
+                                            max_body_bytes=o.max_request_body_bytes,
+                                            debug_header=o.debug_decision_header)
             await self._dispatch.start()
         else:
             reuse = 1 if role is not None else 0
@@ -284,6 +285,8 @@ class EndpointPicker:
         if self._dispatch is not None:
             await self._dispatch.stop(grace)
         await self.admission.stop()  # after the grace period, in which queued requests may still go
+        if self._dispatch is not None:
+            await self._dispatch.close()
         if self._health:
             await self._health.stop(0)
         if self._admin:
