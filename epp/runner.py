@@ -262,7 +262,8 @@ class EndpointPicker:
         from epp.scale.replicas import ReplicaLink, replica_settings
 
         assert self.state is not None
-        self.replicas = ReplicaLink(self.state, replica_settings(self.options), self.datastore.clock)
+        self.replicas = ReplicaLink(self.state, replica_settings(self.options), self.datastore.clock,
+                                    registry=self.metrics.registry)
         await self.replicas.start()
 
     async def _start_kv_events(self) -> None:

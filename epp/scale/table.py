@@ -143,6 +143,10 @@ class SharedTable:
                     self._m[base + slot] = 0
             self._s[1 + member * _STATUS_WORDS + GENERATION] += 1
 
+    def marked(self, member: int, slot: int) -> bool:
+        """Whether `member` uses `slot`."""
+        return bool(self._m[member * self.capacity + slot])
+
     def _used(self, slot: int) -> bool:
         marks, cap = self._m, self.capacity
         return any(marks[m * cap + slot] for m in range(self.members))
