@@ -3,7 +3,10 @@
 Both Envoys run side by side in front of the same simulated pods (nearly zero model time), and the
 measurements alternate between them, so machine noise hits both alike. Reported as ratios.
 
-    python -m bench.overhead [--duration 5] [--concurrency 16] [--rates 50,100,200]
+    python -m bench.overhead [--duration 5] [--concurrency 16] [--rates 50,100,200] [--workers-arm/--no-workers-arm]
+
+The workers arm (`measure_workers`): the same closed loop through `epp serve --workers 1` and
+`--workers 2` and Envoy alone, rounds alternating, reported as ratios to Envoy alone.
 """
 
 from __future__ import annotations
@@ -97,6 +100,72 @@ async def measure(args: argparse.Namespace) -> str:
         sim.stop()
 
 
+async def measure_workers(args: argparse.Namespace) -> str:
+    """Closed-loop req/s through Envoy + `epp serve --workers 1` and `--workers 2`, against Envoy
+    alone, in one run. Each EPP Envoy opens a connection per two streams (the kernel spreads
+    connections, not streams, over a pod's workers; the chart's standalone Envoy does the same)."""
+    sim = Pods(PodSpec(count=args.pods, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256,
+                       time_scale=0.0001), "overhead-workers")
+    sim.start()
+    addresses = ",".join(sim.addresses)
+    procs, envoys = [], []
+    paths: dict[str, str] = {}
+    try:
+        for workers in (1, 2):
+            grpc_port, health, metrics, listen, admin = free_ports(5)
+            proc = start_process(epp_command(
+                "serve", "--workers", str(workers), "--static-endpoints", addresses, "--grpc-port", str(grpc_port),
+                "--grpc-health-port", str(health), "--metrics-port", str(metrics), "--admin-port", "-1",
+                "--bind-address", "127.0.0.1", "--v", "1"), f"overhead-epp-w{workers}")
+            procs.append(proc)
+            wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=proc, timeout=120)
+            envoy = EnvoyProcess(EnvoyConfig(listen, admin, grpc_port, epp_tls=True, epp_max_concurrent_streams=2,
+                                             response_body_mode=args.response_body_mode))
+            envoy.start()
+            envoys.append(envoy)
+            paths[f"envoy + epp --workers {workers}"] = envoy.url + "/v1/completions"
+        listen, admin = free_ports(2)
+        direct = EnvoyProcess(EnvoyConfig(listen, admin, 0, with_ext_proc=False, upstreams=tuple(sim.addresses)))
+        direct.start()
+        envoys.append(direct)
+        paths["envoy only"] = direct.url + "/v1/completions"
+        body = orjson.dumps({"model": MODEL, "prompt": "The quick brown fox jumps over the lazy dog. " * 8,
+                             "max_tokens": 1})
+        for url in paths.values():
+            await closed_loop(url, body, 4, 1.0)
+        closed: dict[str, list] = {name: [] for name in paths}
+        for _ in range(args.rounds):
+            for name, url in paths.items():
+                print(f"closed loop: {name}", file=sys.stderr)
+                closed[name].append(await closed_loop(url, body, args.concurrency, args.duration))
+        merged = {}
+        for name, results in closed.items():
+            m = results[0]
+            for r in results[1:]:
+                m.merge(r)
+            merged[name] = m
+        base = merged["envoy only"].rps
+        lines = ["", f"## Workers: closed loop, {args.concurrency} clients, {args.duration:.0f} s x {args.rounds} "
+                 "rounds each (alternating)", "",
+                 f"{args.pods} simulated pods, default config, TLS; the EPP Envoys cap streams per EPP connection "
+                 "at 2. Everything (client, Envoys, EPP processes, pods) shares this machine's cores.", "",
+                 "| path | req/s | ÷ envoy only | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
+        for name, m in merged.items():
+            lines.append(f"| {name} | {m.rps:,.0f} | {m.rps / base:.2f} | {pct(m.latencies, 0.5) * 1000:.2f} | "
+                         f"{pct(m.latencies, 0.99) * 1000:.2f} | {m.errors} |")
+        figures = getattr(args, "figures", {})
+        for workers in (1, 2):
+            figures[f"throughput_ratio_workers_{workers}"] = merged[f"envoy + epp --workers {workers}"].rps / base
+        args.figures = figures
+        return "\n".join(lines) + "\n"
+    finally:
+        for e in envoys:
+            e.close()
+        for proc in procs:
+            stop_process(proc)
+        sim.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=5.0)
@@ -107,8 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED",
                         choices=("FULL_DUPLEX_STREAMED", "NONE"))
     parser.add_argument("--out", default=str(RESULTS / "overhead.md"))
+    parser.add_argument("--workers-arm", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure epp serve --workers 1 and 2 (measure_workers)")
     args = parser.parse_args(argv)
     report = asyncio.run(measure(args))
+    if args.workers_arm:
+        report += asyncio.run(measure_workers(args))
     with open(args.out, "w") as f:
         f.write(report)
     with open(str(args.out).removesuffix(".md") + ".json", "w") as f:

@@ -38,7 +38,6 @@ from epp.observability.labels import LabelLimits
 from epp.observability.metrics import EppMetrics
 from epp.observability.server import start_metrics_server
 from epp.observability.trace import DecisionTrace
-from epp.requestcontrol.director import Director
 from grpc_health.v1 import health_pb2_grpc
 
 if TYPE_CHECKING:
@@ -104,8 +103,9 @@ class EndpointPicker:
         self.replicas: ReplicaLink | None = None
         self.remote: RemoteDirector | None = None  # a worker handing its requests to the dispatcher
         self._own_segment = None
-        front = self._share_state(options, role)
-        self.extproc = ExternalProcessor(front, max_body_bytes=options.max_request_body_bytes,
+        self._share_state(options, role)
+        self.extproc = ExternalProcessor(self.remote or self.director,
+                                         max_body_bytes=options.max_request_body_bytes,
                                          debug_header=options.debug_decision_header)
         self.scraper: MetricsScraper | None = None
         self.leader: LeaderElector | None = None
@@ -119,12 +119,12 @@ class EndpointPicker:
         self.metrics_port = 0
         self.admin_port = 0
 
-    def _share_state(self, options: Options, role: PodRole | None) -> Director:
-        """With several workers or replicas: hook the core into the pod's shared state. Returns
-        the director the ext_proc server talks to (a worker of a pod with flow control hands its
-        requests to the dispatcher, which holds the pod's one set of queues)."""
+    def _share_state(self, options: Options, role: PodRole | None) -> None:
+        """With several workers or replicas: hook the core into the pod's shared state. A worker
+        of a pod with flow control talks to the dispatcher, which holds the pod's one set of
+        queues, through `self.remote`."""
         if role is None and not options.replicas_url:
-            return self.director  # one process, one replica: exactly as ever
+            return  # one process, one replica: exactly as ever
         from epp.scale.member import Member, PodLayout, PodState
 
         if role is None:  # one process with replicas: a pod of one worker and the replica link
@@ -140,8 +140,6 @@ class EndpointPicker:
             from epp.scale.dispatcher import RemoteDirector
 
             self.remote = RemoteDirector(self.director, role.dispatch_socket, counted=self.member.count_pick)
-            return self.remote
-        return self.director
 
     def _queues(self) -> list[QueueInfo]:
         """Flow-control queues per band and flow (band rows carry the oldest request's age)."""

@@ -122,6 +122,8 @@ class Supervisor:
         self.grpc_port = options.grpc_port or self._reserve_port()
         socket_path = str(self._dir / "dispatch.sock") if self.flow_control else ""
         member_options = replace(options, workers=1, ha_enable_leader_election=False)
+        if options.secure_serving and not options.cert_path:  # one self-signed certificate for the pod
+            member_options = replace(member_options, cert_path=self._self_signed())
         pid = os.getpid()
         self.children = [
             _Child(m, f"worker-{m}", MemberSpec(member_options, PodRole(self.layout, m, False, socket_path,
@@ -158,6 +160,16 @@ class Supervisor:
             log.warning("config: %s", warning, extra={"config_warning": warning})
         if log.isEnabledFor(logging.INFO):
             log.info("effective configuration", extra={"effective_config": loaded.effective()})
+
+    def _self_signed(self) -> str:
+        from epp.extproc.tls import self_signed
+
+        cert, key = self_signed()
+        (self._dir / "tls.crt").write_bytes(cert)
+        key_path = self._dir / "tls.key"
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key)
+        return str(self._dir)
 
     def _reserve_port(self) -> int:
         """A free port the workers can all bind (held here, not listening, until the end)."""

@@ -143,3 +143,36 @@ async def _busiest_worker_pid(epp: EppServe) -> int:
     picks = {m: await epp.metric("inference_extension_pod_member_picks", member=f"worker-{m}") for m in range(2)}
     busiest = max(picks, key=lambda m: picks[m])
     return int(await epp.metric("inference_extension_pod_member_pid", member=f"worker-{busiest}"))
+
+
+async def test_the_pod_exposes_one_set_of_the_reference_metrics_and_one_status(pods) -> None:  # type: ignore[no-untyped-def]
+    """Same families as one process, counters summed over the workers; one admin status."""
+    import grpc
+
+    from epp.admin.v1 import admin_pb2, admin_pb2_grpc
+
+    single = EppServe([p.address for p in pods], workers=1)
+    pod = EppServe([p.address for p in pods], workers=2)
+    await asyncio.gather(single.start(), pod.start())
+    envoys = [envoy_for(single), envoy_for(pod)]
+    try:
+        body = {"model": SLOW.model, "prompt": "Short question? " * 8, "max_tokens": 2}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            for envoy in envoys:
+                assert await asyncio.gather(*(post(session, envoy.url, body) for _ in range(24))) == [200] * 24
+        one, merged = await single.metrics(), await pod.metrics()
+        names_one = {name for name, _ in one}
+        names_pod = {name for name, _ in merged}
+        assert names_one <= names_pod, sorted(names_one - names_pod)
+        assert await pod.metric("inference_objective_request_total") == 24
+        assert await pod.metric("inference_extension_scheduler_e2e_duration_seconds_count") == 24
+        assert await pod.metric("inference_pool_ready_pods") == 4  # a pool view: not added up
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{pod.admin_port}") as channel:
+            status = await admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(decisions=50))
+        assert status.ready and len(status.endpoints) == 4 and status.requests_total == 24
+        assert len(status.decisions) == 24
+    finally:
+        for envoy in envoys:
+            envoy.close()
+        single.stop()
+        pod.stop()
