@@ -248,7 +248,7 @@ class EndpointPicker:
             await self._admin.start()
         if self.member is not None:
             self.member.set_started(self.metrics_port, self.admin_port)
-            await self.member.start(o.refresh_metrics_interval)
+            await self.member.start(min(o.refresh_metrics_interval, 1.0))
         if o.replicas_url and role is None:  # one process: it is its own link to the other replicas
             await self._start_replicas()
         log.info("endpoint picker started", extra={"grpc_port": self.grpc_port, "health_port": self.health_port,

@@ -39,7 +39,7 @@ class PodLayout:
     dispatcher: bool = False
     replica_link: bool = False
     capacity: int = 1024  # endpoints
-    ring_bytes: int = 4 << 20  # per member; pages are only used as the ring fills
+    ring_bytes: int = 1 << 20  # per member: ~1,000 picks of 1k-token prompts; readers drain it every pick
 
     @property
     def members(self) -> int:
@@ -59,7 +59,7 @@ class PodLayout:
 
     @staticmethod
     def create(workers: int, *, dispatcher: bool = False, replica_link: bool = False, capacity: int = 1024,
-               ring_bytes: int = 4 << 20) -> tuple[PodLayout, Segment]:
+               ring_bytes: int = 1 << 20) -> tuple[PodLayout, Segment]:
         """A new segment for a pod (the supervisor's; it owns it and removes it on close)."""
         probe = PodLayout("", workers, dispatcher, replica_link, capacity, ring_bytes)
         segment = Segment.create(probe.size, prefix="epp-pod")

@@ -56,6 +56,7 @@ log = logging.getLogger("epp.scale")
 _MONITOR_PERIOD = 0.1  # seconds between looks at the members
 _START_TIMEOUT = 120.0  # a member that has not started by then is restarted
 _MAX_BACKOFF = 30.0
+_HUNG_AFTER = 30.0  # seconds without a heartbeat (a member beats every scrape tick): killed, restarted
 
 
 @dataclass(slots=True, frozen=True)
@@ -306,6 +307,11 @@ class Supervisor:
                 elif (process is not None and not table.status(child.member, t.STARTED)
                       and now - child.started_at > _START_TIMEOUT):
                     log.error("member did not start in time; restarting", extra={"member": child.name})
+                    process.kill()
+                elif process is not None and table.status(child.member, t.STARTED) and \
+                        time.time() * 1000 - table.status(child.member, t.HEARTBEAT_MS) > _HUNG_AFTER * 1000:
+                    log.error("member stopped beating (its event loop is stuck); restarting",
+                              extra={"member": child.name})
                     process.kill()
             table.pod_ready = self.ready()
             self._alive.clear()
