@@ -138,9 +138,12 @@ class ReplicaLink:
         log.info("replica link started", extra={"channel": self.settings.channel, "replica": self.settings.replica_id})
 
     async def stop(self) -> None:
+        """Bounded: a Redis that stopped answering must not hold up a replica's shutdown."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         if self._client is not None:
             with contextlib.suppress(Exception):  # goodbye: the others forget our counts now
@@ -148,7 +151,8 @@ class ReplicaLink:
                     await self._client.publish(self._load_channel, msgspec.msgpack.encode(
                         LoadMessage(self.settings.replica_id, True, {})))
             with contextlib.suppress(Exception):
-                await self._client.aclose()
+                async with asyncio.timeout(1.0):
+                    await self._client.aclose()
             self._client = None
 
     # -- out --
@@ -248,7 +252,8 @@ class ReplicaLink:
                 backoff = min(5.0, backoff * 2)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    async with asyncio.timeout(1.0):
+                        await pubsub.aclose()
 
     def _received(self, channel: bytes | str, data: bytes) -> None:
         channel = channel.decode() if isinstance(channel, bytes) else channel

@@ -107,3 +107,36 @@ async def _at_least(epp: EppServe, n: int) -> bool:
 async def _settled(epp: EppServe) -> bool:
     return (await queued(epp) == 0 and await epp.metric("inference_pool_endpoint_inflight_requests") == 0
             and await epp.metric("inference_objective_running_requests") == 0)
+
+
+async def test_a_killed_worker_leaves_nothing_queued_or_counted_in_the_dispatcher() -> None:
+    from .test_workers_e2e import _busiest_worker_pid
+
+    pods = await start_pods(2, config=SIM)
+    epp = EppServe([p.address for p in pods], workers=2, config_text=CONFIG)
+    envoy: EnvoyProcess | None = None
+    try:
+        await epp.start()
+        envoy = envoy_for(epp)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            held = [asyncio.create_task(post(session, envoy.url, "a", 20000)) for _ in range(12)]
+            await wait_for(lambda: _at_least(epp, 8), what="four running, eight queued")
+            import os
+            import signal
+
+            os.kill(await _busiest_worker_pid(epp), signal.SIGKILL)
+            await wait_for(lambda: _below(epp, 8), what="the dead worker's queued requests gone")
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+        await wait_for(lambda: _settled(epp), timeout=30, what="queues and in-flight counts back to zero")
+        await wait_for(epp.ready, timeout=60, what="the pod ready again")
+    finally:
+        if envoy is not None:
+            envoy.close()
+        epp.stop()
+        await stop_pods(pods)
+
+
+async def _below(epp: EppServe, n: int) -> bool:
+    return await queued(epp) < n

@@ -49,6 +49,11 @@ def replica(redis_url: str, channel: str, **overrides):  # type: ignore[no-untyp
                           replicas_peer_ttl=1.0, **overrides)
 
 
+def subscribed(picker: EndpointPicker) -> bool:
+    """Pub/sub keeps nothing for a replica not yet subscribed: it has heard another replica once."""
+    return picker.replicas is not None and len(picker.replicas.peers) > 0
+
+
 def refreshed(picker: EndpointPicker) -> EndpointPicker:
     assert picker.member is not None
     picker.member.drain()
@@ -84,6 +89,7 @@ async def test_prefix_picks_reach_the_other_replica(redis_url: str) -> None:
     system = "You are a meticulous assistant for the ACME support desk. " * 40
     async with replica(redis_url, channel, config_text=PREFIX_CONFIG) as a, \
             replica(redis_url, channel, config_text=PREFIX_CONFIG) as b:
+        await wait_for(lambda: subscribed(b), what="B subscribed (it heard A's heartbeat)")
         decision, record = await a.director.handle_request(request(system + "first question"))
         a.director.release(record)
         first = decision.targets[0].address
@@ -141,3 +147,17 @@ async def test_without_redis_a_replica_serves_on_its_own_view() -> None:
         assert decision.targets
         a.director.release(record)
         assert sum(inflight(a).values()) == 0
+
+
+async def test_active_active_readiness_does_not_wait_for_leadership(redis_url: str) -> None:
+    class Standby:
+        is_leader = False
+
+    async with replica(redis_url, f"test:{uuid.uuid4().hex}") as a:
+        a.leader = Standby()  # type: ignore[assignment]  # elected, but not leading
+        assert a.ready()
+        a.leader = None
+    async with running_picker() as alone:
+        alone.leader = Standby()  # type: ignore[assignment]
+        assert not alone.ready()  # without active-active, only the leader is ready
+        alone.leader = None
