@@ -136,6 +136,7 @@ class EndpointPicker:
             member = role.member
         self.member = Member(self.state, member, self.core)
         self.member.install()
+        self.metrics.registry.register(self.member)
         if role is not None and role.dispatch_socket and not role.dispatcher:
             from epp.scale.dispatcher import RemoteDirector
 

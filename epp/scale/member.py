@@ -14,7 +14,10 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily
 
 from epp.core import Core
 from epp.datastore import Endpoint
@@ -132,6 +135,21 @@ class Member:
 
     def changed(self, endpoint: Endpoint) -> None:
         self.load.changed(endpoint)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """`inference_extension_prefix_sync_records_total{outcome}`: the other writers' prefix
+        records this process applied, lost (a ring lapped it) or could not decode; the pod's
+        /metrics adds the workers' up."""
+        family = CounterMetricFamily("inference_extension_prefix_sync_records",
+                                     "Prefix-index records of the pod's other writers (workers, other replicas) "
+                                     "by outcome: applied, lost (this reader was lapped), malformed.",
+                                     labels=["outcome"])
+        sync = self.prefix
+        if sync is not None:
+            family.add_metric(["applied"], float(sync.applied))
+            family.add_metric(["lost"], float(sync.lost))
+            family.add_metric(["malformed"], float(sync.malformed))
+        yield family
 
     # -- status the supervisor reads --
 

@@ -45,6 +45,8 @@ def encode(record: PrefixRecord) -> bytes:
 
 def decode(payload: bytes) -> PrefixRecord:
     kind, capacity, extra, name_length, length = _HEADER.unpack_from(payload)
+    if (len(payload) - _HEADER.size - name_length - length) % 8:
+        raise ValueError("a prefix record's block keys are not whole 8-byte words")
     start = _HEADER.size
     name = payload[start:start + name_length].decode()
     start += name_length
@@ -95,6 +97,7 @@ class PrefixSync:
         self.readers = [RingReader(ring) for ring in rings]
         self.known = known
         self.applied = 0
+        self.malformed = 0  # records that did not decode (a replica of another version, say): skipped
 
     @property
     def lost(self) -> int:
@@ -105,7 +108,11 @@ class PrefixSync:
             if not reader.pending():
                 continue
             for payload in reader.read():
-                record = decode(payload)
+                try:
+                    record = decode(payload)
+                except (struct.error, UnicodeDecodeError, ValueError):
+                    self.malformed += 1
+                    continue
                 index = self.indexes.get(record.index)
                 if index is not None:
                     index.apply(record, self.known)

@@ -285,7 +285,9 @@ class ReplicaLink:
             peer.endpoints.clear()
             peer.at.clear()
         for address, values in load.endpoints.items():
-            if len(values) == _SHARED and all(math.isfinite(v) for v in values):
+            if (len(values) == _SHARED and all(math.isfinite(v) and v >= 0 for v in values)
+                    and len(address) <= t.MAX_ADDRESS_BYTES
+                    and (address in peer.endpoints or len(peer.endpoints) < self.table.capacity)):
                 peer.endpoints[address] = values
                 peer.at[address] = now
         self._write(set(load.endpoints) | (set(self._slots) if load.full else set()))

@@ -191,3 +191,12 @@ def test_ring_records_survive_wraps_and_a_lapped_reader_resynchronises() -> None
     assert [decode(p) for p in late.read()] == [records[0]]
     ring.release()
     segment.close()
+
+
+def test_a_malformed_prefix_record_is_skipped_not_raised(layout: PodLayout) -> None:
+    clock = Clock()
+    (core_a, link_a), (core_b, link_b) = worker(layout, 0, clock), worker(layout, 1, clock)
+    link_b.rings[1].append(b"\x01garbage")  # as a replica of another version might publish
+    link_b.rings[1].append(encode(PrefixRecord(1, "approx-prefix-cache-producer", "10.0.0.1:8000", [1, 2, 3], 100)))
+    link_a.refresh()  # before a pick: must not raise
+    assert link_a.prefix is not None and link_a.prefix.malformed == 1 and link_a.prefix.applied == 1
