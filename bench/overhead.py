@@ -19,8 +19,8 @@ import time
 
 import orjson
 
-from bench.common import (RESULTS, closed_loop, epp_command, free_ports, open_loop, pct, start_process, stop_process,
-                          wait_http)
+from bench.common import (RESULTS, closed_loop, cpu_seconds, epp_command, free_ports, machine_load, open_loop, pct,
+                          start_process, stop_process, wait_http)
 from bench.pods import Pods, PodSpec
 from epp.local.envoy import EnvoyConfig, EnvoyProcess
 
@@ -63,10 +63,14 @@ async def measure(args: argparse.Namespace) -> str:
                  f"## Closed loop, {args.concurrency} concurrent clients, {args.duration:.0f} s each (alternating)", "",
                  "| path | req/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
         closed: dict[str, list] = {name: [] for name in paths}
+        cpu: dict[str, float] = {name: 0.0 for name in paths}
         for _ in range(args.rounds):
             for name, url in paths.items():
                 print(f"closed loop: {name}", file=sys.stderr)
+                before = pod_cpu_seconds(pod_of[name]) if name in pod_of else 0.0
                 closed[name].append(await closed_loop(url, body, args.concurrency, args.duration))
+                if name in pod_of:
+                    cpu[name] += pod_cpu_seconds(pod_of[name]) - before
         merged = {}
         for name, results in closed.items():
             m = results[0]
@@ -100,6 +104,17 @@ async def measure(args: argparse.Namespace) -> str:
         sim.stop()
 
 
+def pod_cpu_seconds(pid: int) -> float:
+    """CPU of a process and its live descendants (an `epp serve --workers N` pod: the supervisor
+    and its members)."""
+    total = cpu_seconds(pid)
+    try:
+        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+        return total
+    return total + sum(pod_cpu_seconds(int(child)) for child in children)
+
+
 async def measure_workers(args: argparse.Namespace) -> str:
     """Closed-loop req/s through Envoy + `epp serve --workers 1` and `--workers 2`, against Envoy
     alone, in one run. Each EPP Envoy opens a connection per two streams (the kernel spreads
@@ -110,6 +125,7 @@ async def measure_workers(args: argparse.Namespace) -> str:
     addresses = ",".join(sim.addresses)
     procs, envoys = [], []
     paths: dict[str, str] = {}
+    pod_of: dict[str, int] = {}  # path -> the EPP's pid
     try:
         for workers in (1, 2):
             grpc_port, health, metrics, listen, admin = free_ports(5)
@@ -119,11 +135,13 @@ async def measure_workers(args: argparse.Namespace) -> str:
                 "--bind-address", "127.0.0.1", "--v", "1"), f"overhead-epp-w{workers}")
             procs.append(proc)
             wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=proc, timeout=120)
-            envoy = EnvoyProcess(EnvoyConfig(listen, admin, grpc_port, epp_tls=True, epp_max_concurrent_streams=2,
+            envoy = EnvoyProcess(EnvoyConfig(listen, admin, grpc_port, epp_tls=True,
+                                             epp_max_concurrent_streams=args.epp_streams,
                                              response_body_mode=args.response_body_mode))
             envoy.start()
             envoys.append(envoy)
             paths[f"envoy + epp --workers {workers}"] = envoy.url + "/v1/completions"
+            pod_of[f"envoy + epp --workers {workers}"] = proc.pid
         listen, admin = free_ports(2)
         direct = EnvoyProcess(EnvoyConfig(listen, admin, 0, with_ext_proc=False, upstreams=tuple(sim.addresses)))
         direct.start()
@@ -134,10 +152,14 @@ async def measure_workers(args: argparse.Namespace) -> str:
         for url in paths.values():
             await closed_loop(url, body, 4, 1.0)
         closed: dict[str, list] = {name: [] for name in paths}
+        cpu: dict[str, float] = {name: 0.0 for name in paths}
         for _ in range(args.rounds):
             for name, url in paths.items():
                 print(f"closed loop: {name}", file=sys.stderr)
+                before = pod_cpu_seconds(pod_of[name]) if name in pod_of else 0.0
                 closed[name].append(await closed_loop(url, body, args.concurrency, args.duration))
+                if name in pod_of:
+                    cpu[name] += pod_cpu_seconds(pod_of[name]) - before
         merged = {}
         for name, results in closed.items():
             m = results[0]
@@ -148,11 +170,15 @@ async def measure_workers(args: argparse.Namespace) -> str:
         lines = ["", f"## Workers: closed loop, {args.concurrency} clients, {args.duration:.0f} s x {args.rounds} "
                  "rounds each (alternating)", "",
                  f"{args.pods} simulated pods, default config, TLS; the EPP Envoys cap streams per EPP connection "
-                 "at 2. Everything (client, Envoys, EPP processes, pods) shares this machine's cores.", "",
-                 "| path | req/s | ÷ envoy only | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
+                 f"at {args.epp_streams}. Everything (client, Envoys, EPP processes, pods) shares this machine's cores.", "",
+                 f"Machine load average at the end: {machine_load()}.", "",
+                 "| path | req/s | ÷ envoy only | p50 ms | p99 ms | errors | EPP CPU ms/req (all its processes) |",
+                 "|---|---|---|---|---|---|---|"]
         for name, m in merged.items():
+            requests = len(m.latencies)
+            per_request = f"{cpu[name] / requests * 1000:.2f}" if name in pod_of and requests else ""
             lines.append(f"| {name} | {m.rps:,.0f} | {m.rps / base:.2f} | {pct(m.latencies, 0.5) * 1000:.2f} | "
-                         f"{pct(m.latencies, 0.99) * 1000:.2f} | {m.errors} |")
+                         f"{pct(m.latencies, 0.99) * 1000:.2f} | {m.errors} | {per_request} |")
         figures = getattr(args, "figures", {})
         for workers in (1, 2):
             figures[f"throughput_ratio_workers_{workers}"] = merged[f"envoy + epp --workers {workers}"].rps / base
@@ -176,10 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED",
                         choices=("FULL_DUPLEX_STREAMED", "NONE"))
     parser.add_argument("--out", default=str(RESULTS / "overhead.md"))
+    parser.add_argument("--workers-only", action="store_true", help="only the workers arm")
+    parser.add_argument("--epp-streams", type=int, default=2,
+                        help="workers arm: streams per Envoy connection to the EPP (more connections to spread)")
     parser.add_argument("--workers-arm", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure epp serve --workers 1 and 2 (measure_workers)")
     args = parser.parse_args(argv)
-    report = asyncio.run(measure(args))
+    report = asyncio.run(measure(args)) if args.rounds > 0 and not args.workers_only else ""
     if args.workers_arm:
         report += asyncio.run(measure_workers(args))
     with open(args.out, "w") as f:

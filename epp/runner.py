@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from epp.scale.member import Member, PodRole, PodState
     from epp.scale.dispatcher import DispatchServer, RemoteDirector
     from epp.scale.replicas import ReplicaLink
+    from epp.shm import Segment
 
 log = logging.getLogger("epp")
 
@@ -102,7 +103,7 @@ class EndpointPicker:
         self.member: Member | None = None
         self.replicas: ReplicaLink | None = None
         self.remote: RemoteDirector | None = None  # a worker handing its requests to the dispatcher
-        self._own_segment = None
+        self._own_segment: Segment | None = None  # a single-process replica's own shared state
         self._share_state(options, role)
         self.extproc = ExternalProcessor(self.remote or self.director,
                                          max_body_bytes=options.max_request_body_bytes,
