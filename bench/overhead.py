@@ -63,14 +63,10 @@ async def measure(args: argparse.Namespace) -> str:
                  f"## Closed loop, {args.concurrency} concurrent clients, {args.duration:.0f} s each (alternating)", "",
                  "| path | req/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
         closed: dict[str, list] = {name: [] for name in paths}
-        cpu: dict[str, float] = {name: 0.0 for name in paths}
         for _ in range(args.rounds):
             for name, url in paths.items():
                 print(f"closed loop: {name}", file=sys.stderr)
-                before = pod_cpu_seconds(pod_of[name]) if name in pod_of else 0.0
                 closed[name].append(await closed_loop(url, body, args.concurrency, args.duration))
-                if name in pod_of:
-                    cpu[name] += pod_cpu_seconds(pod_of[name]) - before
         merged = {}
         for name, results in closed.items():
             m = results[0]
@@ -208,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers-arm", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure epp serve --workers 1 and 2 (measure_workers)")
     args = parser.parse_args(argv)
-    report = asyncio.run(measure(args)) if args.rounds > 0 and not args.workers_only else ""
+    report = "" if args.workers_only else asyncio.run(measure(args))
     if args.workers_arm:
         report += asyncio.run(measure_workers(args))
     with open(args.out, "w") as f:
