@@ -20,6 +20,7 @@ from epp.config.loader import LoadedConfig
 from epp.config.options import Options
 from epp.core import build_core
 from epp.datalayer.kv_subscriber import KVEventSubscriber
+from epp.datalayer.scrape_process import ScraperProcess
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.token_producer import TokenProducer
 from epp.datastore import Datastore
@@ -92,7 +93,7 @@ class EndpointPicker:
         self.director = core.director
         self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes,
                                          debug_header=options.debug_decision_header)
-        self.scraper: MetricsScraper | None = None
+        self.scraper: MetricsScraper | ScraperProcess | None = None
         self.leader: LeaderElector | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health: grpc.aio.Server | None = None
@@ -143,11 +144,7 @@ class EndpointPicker:
                 retry_period=o.ha_retry_period)
             await self.leader.start()
         if self.config.data_source is not None:
-            self.scraper = MetricsScraper(
-                self.datastore, self.config.data_source, self.config.extractor, interval=o.refresh_metrics_interval
-            )
-            await self.scraper.start()
-            self.metrics.set_scrape_stats_source(self.scraper.all_stats)
+            await self._start_scraper()
         await self.admission.start()
         await self._start_kv_events()
 
@@ -187,6 +184,35 @@ class EndpointPicker:
                                                    "metrics_port": self.metrics_port, "admin_port": self.admin_port,
                                                    "secure": o.secure_serving,
                                                    "endpoints": len(self.datastore.endpoints())})
+
+    def _max_scrape_interval(self) -> float:
+        """How far an endpoint whose metrics do not move may back off: half the shortest
+        staleness threshold a plugin applies (so backing off never makes a pod look stale),
+        at most four intervals."""
+        interval = self.options.refresh_metrics_interval
+        thresholds = [float(t) for p in self.config.plugins.values()
+                      if isinstance(t := getattr(p, "metrics_staleness_threshold", None), (int, float))]
+        detector = self.config.saturation_detector
+        if isinstance(t := getattr(detector, "metrics_staleness_threshold", None), (int, float)):
+            thresholds.append(float(t))
+        return max(interval, min([4 * interval, *(t / 2 for t in thresholds)]))
+
+    async def _start_scraper(self) -> None:
+        o = self.options
+        assert self.config.data_source is not None
+        interval, max_interval = o.refresh_metrics_interval, self._max_scrape_interval()
+        if o.scrape_in_process:
+            self.scraper = MetricsScraper(self.datastore, self.config.data_source, self.config.extractor,
+                                          interval=interval, max_interval=max_interval)
+        else:
+            self.scraper = ScraperProcess(self.datastore, self.config.data_source, self.config.extractor,
+                                          interval=interval, max_interval=max_interval, log_level=o.v)
+            self.extproc.refresh = self.scraper.sync  # the freshest metrics for every pick
+        log.info("scraping model servers every %gs, backing off to %gs for endpoints whose metrics do not move",
+                 interval, max_interval, extra={"scraper": "in-process" if o.scrape_in_process else "process",
+                                                "interval": interval, "max_interval": max_interval})
+        await self.scraper.start()
+        self.metrics.set_scrape_stats_source(self.scraper.all_stats)
 
     async def _start_kv_events(self) -> None:
         """One KV-event subscriber per precise prefix producer, writing into its index."""

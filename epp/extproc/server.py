@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -24,11 +24,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         self.max_body_bytes = max_body_bytes
         self.debug_header = debug_header
         self.active_streams = 0
+        # Called before each pick: brings the datastore up to date (the scraper process's board).
+        self.refresh: Callable[[], object] | None = None
 
     async def Process(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self.director, self.max_body_bytes, self.debug_header)
+        stream = RequestStream(self.director, self.max_body_bytes, self.debug_header, self.refresh)
         self.active_streams += 1
         try:
             async for message in request_iterator:

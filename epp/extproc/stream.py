@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -64,8 +65,10 @@ def _subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
 
 
 class RequestStream:
-    def __init__(self, director: Director, max_body_bytes: int, debug_header: bool = False) -> None:
+    def __init__(self, director: Director, max_body_bytes: int, debug_header: bool = False,
+                 refresh: Callable[[], object] | None = None) -> None:
         self.director = director
+        self.refresh = refresh
         self.max_body_bytes = max_body_bytes
         self.debug_header = debug_header
         self.request_body_mode = FULL_DUPLEX
@@ -158,6 +161,8 @@ class RequestStream:
         request = parse_request(bytes(self.body), path=path, request_id=self.request_id, headers=headers)
         request.subset = self.subset
         self.request = request
+        if self.refresh is not None:
+            self.refresh()
         # If this stream is cancelled while the request waits (flow control) or right after its
         # dispatch, the director releases the pick itself; once assigned, close() releases it.
         decision, self.record = await self.director.handle_request(request)
