@@ -127,7 +127,9 @@ class PoolCollector(Collector):
                                           "Requests this EPP picked for the endpoint that have not ended (exact).",
                                           labels=labels),
             "age": GaugeMetricFamily("inference_pool_endpoint_metrics_age_seconds",
-                                     "Seconds since the endpoint's metrics were last scraped successfully (-1: never).",
+                                     "Seconds since the endpoint's metrics were last scraped successfully (-1: never). "
+                                     "An endpoint whose metrics do not move is polled less often, so its age grows "
+                                     "up to its inference_pool_endpoint_scrape_interval_seconds.",
                                      labels=labels),
             "up": GaugeMetricFamily("inference_pool_endpoint_scrape_up",
                                     "1 when the endpoint's last metrics scrape succeeded, else 0 (failed, or held "
@@ -156,12 +158,17 @@ class ScrapeCollector(Collector):
         self.datastore = datastore
         self.source: Callable[[], Mapping[str, ScrapeStats]] | None = None
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         family = CounterMetricFamily(
             "inference_pool_endpoint_invalid_metric_samples",
             "Scrapes of the endpoint rejected because this metric's value was out of bounds "
             "(not finite, a fraction above 1, a negative or fractional count, ...).",
             labels=["name", "endpoint", "model_server_pod", "metric"])
+        interval = GaugeMetricFamily(
+            "inference_pool_endpoint_scrape_interval_seconds",
+            "Seconds between the endpoint's metrics polls now: the configured interval, or up to a few times it "
+            "while its metrics do not move (back-off; the first change or failure returns it to the interval).",
+            labels=["name", "endpoint", "model_server_pod"])
         source = self.source
         if source is not None:
             pool = self.datastore.pool.name or "default"
@@ -171,7 +178,10 @@ class ScrapeCollector(Collector):
                     continue
                 for metric, count in stats.invalid.copy().items():
                     family.add_metric([pool, address, endpoint.name, metric], float(count))
+                if stats.interval > 0:
+                    interval.add_metric([pool, address, endpoint.name], stats.interval)
         yield family
+        yield interval
 
 
 def _histogram_lines(buckets: Sequence[float]) -> int:
