@@ -231,6 +231,7 @@ class EndpointPicker:
             await self.leader.stop()
         if self._grpc:
             await self._grpc.stop(grace)
+        self.extproc.close()
         await self.admission.stop()  # after the grace period, in which queued requests may still go
         if self._health:
             await self._health.stop(0)

@@ -54,12 +54,14 @@ class Extraction:
 def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetrics, now: float,
                     memory: PageMemory | None = None) -> Extraction:
     """Read the mapping's metrics from a `/metrics` body. Raises `MetricsParseError`."""
-    samples = parse_wanted(body, mapping.primary, memory)
+    # An exporter that creates a gauge on its first use (TGI's): a family appearing is news at once.
+    recheck = 0 if mapping.first_use_prefix else None
+    samples = parse_wanted(body, mapping.primary, memory, recheck_absent=recheck)
     if mapping.fallback.names and (
             any(len(f) > 1 and f[0].name not in samples for f in mapping.fields())
             or (len(mapping.itl) > 1 and f"{mapping.itl[0].name}_count" not in samples)):
         unchanged = memory is not None and memory.unchanged
-        samples.update(parse_wanted(body, mapping.fallback, memory))
+        samples.update(parse_wanted(body, mapping.fallback, memory, recheck_absent=recheck))
         if memory is not None:
             memory.unchanged = unchanged and memory.unchanged
     if memory is not None:

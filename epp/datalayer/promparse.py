@@ -114,13 +114,14 @@ class PageMemory:
 
 
 def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
-                 memory: PageMemory | None = None) -> dict[str, list[Sample]]:
+                 memory: PageMemory | None = None, *, recheck_absent: int | None = None) -> dict[str, list[Sample]]:
     """Samples of the wanted metric names only, grouped by name in exposition order.
 
     Names with no sample are absent from the result. Raises `MetricsParseError` on a wanted line
     that cannot be read or on a binary body. `memory` (see `PageMemory`) makes repeated parses
     of one endpoint's pages cheap; the result is the same with or without it, except that a
-    family that appears on a page is seen up to `recheck_absent` polls late.
+    family that appears on a page is seen up to `recheck_absent` polls late (the memory's, or
+    this call's: 0 for exporters that create a family on its first use, where appearing is news).
     """
     if not isinstance(wanted, WantedNames):
         wanted = WantedNames(wanted)
@@ -144,7 +145,7 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
             if memory is not None:
                 if memory._groups.pop(name, None) is not None or name not in memory._absent:
                     unchanged = False  # it went away, or this is the first look
-                memory._absent[name] = memory.recheck_absent
+                memory._absent[name] = memory.recheck_absent if recheck_absent is None else recheck_absent
             continue
         lines = _group_lines(body, start, raw)
         end = lines[-1][1]

@@ -17,14 +17,18 @@ scraped), errors logged once, back-off of pods whose signals do not move.
 
 The child is supervised: if it dies, the endpoints' metrics age (the staleness checks see it),
 an error is logged, and a new child starts after a pause (1 s, doubling to 30 s) with every
-endpoint. It exits by itself when the main process goes (its pipe closes).
+endpoint. It exits by itself when the main process goes (its pipe closes). It is a fresh interpreter
+(`python -m epp.datalayer.scrape_process`), never a fork of a process that runs gRPC threads,
+and needs nothing of the main module (unlike `multiprocessing`'s spawn, which re-imports it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -38,7 +42,6 @@ from epp.datastore import Datastore, Endpoint, EndpointMetrics, EndpointSpec
 
 log = logging.getLogger("epp.datalayer")
 
-_CONTEXT = multiprocessing.get_context("spawn")  # never fork a process that runs gRPC threads
 _RESTART_FIRST = 1.0
 _RESTART_MAX = 30.0
 _STOP_GRACE = 5.0
@@ -104,7 +107,7 @@ class ScraperProcess:
         self.slots = slots
         self.board: MetricsBoard | None = None
         self.restarts = 0
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._pipe: Connection | None = None
         self._owners: dict[int, _Owner] = {}
         self._by_address: dict[str, int] = {}
@@ -134,7 +137,19 @@ class ScraperProcess:
         self.board = MetricsBoard.create(self.slots)
         self._spawn()
         self.datastore.subscribe(self._on_add, self._on_remove)
+        await self._first_round()
         self._timer = asyncio.get_running_loop().call_later(self.sync_interval, self._tick)
+
+    async def _first_round(self) -> None:
+        """Wait (bounded) until every endpoint known now was polled once, so the EPP starts with
+        metrics as the in-loop scraper did (its first polls land within one interval)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.timeout + 2 * self.interval + 5.0  # the child's start too
+        while loop.time() < deadline and self._process is not None and self._process.poll() is None:
+            if len(self.all_stats()) >= len(self._owners):
+                break
+            await asyncio.sleep(0.01)
+        self.sync()
 
     async def stop(self) -> None:
         if not self._running:
@@ -157,13 +172,16 @@ class ScraperProcess:
 
     def _spawn(self) -> None:
         assert self.board is not None
-        receive, send = _CONTEXT.Pipe(duplex=False)
-        process = _CONTEXT.Process(target=child_main, args=(self.settings, self.board.name, receive),
-                                   name="epp-scraper", daemon=True)
-        process.start()
-        receive.close()
-        self._process, self._pipe = process, send
-        asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, process)
+        read_fd, write_fd = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "epp.datalayer.scrape_process", str(read_fd)], pass_fds=(read_fd,),
+                stdin=subprocess.DEVNULL, close_fds=True)
+        finally:
+            os.close(read_fd)
+        pipe = Connection(write_fd, readable=False)
+        self._process, self._pipe = process, pipe
+        self._send(("start", self.settings, self.board.name))
         log.info("scraper process started", extra={"pid": process.pid, "board": self.board.name,
                                                    "endpoints": len(self._owners)})
         for slot, owner in self._owners.items():
@@ -174,36 +192,31 @@ class ScraperProcess:
         self._process = self._pipe = None
         if process is None:
             return
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(process.sentinel)
         if pipe is not None:
             try:
                 pipe.send(("stop",))
             except OSError:
                 pass
             pipe.close()
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + _STOP_GRACE
-        while process.is_alive() and loop.time() < deadline:
+        while process.poll() is None and loop.time() < deadline:
             await asyncio.sleep(0.01)
-        if process.is_alive():
+        if process.poll() is None:
             log.warning("scraper process did not stop in time; killing it", extra={"pid": process.pid})
             process.kill()
-            await asyncio.to_thread(process.join, 5.0)
-        process.join(0)
-        process.close()
+            await asyncio.to_thread(process.wait, 5.0)
 
-    def _on_exit(self, process: multiprocessing.process.BaseProcess) -> None:
+    def _check_child(self) -> None:
         """The child ended without being asked: restart it after a pause."""
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(process.sentinel)
-        if process is not self._process or not self._running:
+        process = self._process
+        if process is None or process.poll() is None:
             return
-        process.join(0)
+        loop = asyncio.get_running_loop()
         log.error("scraper process exited unexpectedly (code %s); endpoints' metrics age until it is back, "
-                  "restart in %.0f s", process.exitcode, self._restart_delay, extra={"pid": process.pid})
+                  "restart in %.0f s", process.returncode, self._restart_delay, extra={"pid": process.pid})
         if self._pipe is not None:
             self._pipe.close()
-        process.close()
         self._process = self._pipe = None
         self._restart_timer = loop.call_later(self._restart_delay, self._restart)
         self._restart_delay = min(_RESTART_MAX, self._restart_delay * 2)
@@ -260,7 +273,7 @@ class ScraperProcess:
         try:
             self._pipe.send(message)
         except OSError:
-            pass  # the child is gone; _on_exit restarts it with the current endpoints
+            pass  # the child is gone; the next tick restarts it with the current endpoints
 
     # -- the board into the datastore --
 
@@ -270,6 +283,7 @@ class ScraperProcess:
             return
         try:
             self.sync()
+            self._check_child()
         finally:
             self._timer = asyncio.get_running_loop().call_later(self.sync_interval, self._tick)
 
@@ -331,8 +345,16 @@ class ScraperProcess:
 # --------------------------------------------------------------------------- the child
 
 
-def child_main(settings: ScrapeSettings, board_name: str, pipe: Connection) -> None:
-    """The scraper process: scrape the endpoints the pipe names, publish to the board."""
+def child_main(read_fd: int) -> None:
+    """The scraper process: its settings come first on the pipe, then the endpoints to scrape."""
+    pipe = Connection(read_fd, writable=False)
+    try:
+        message = pipe.recv()
+    except (EOFError, OSError):
+        return
+    if message[0] != "start":
+        raise SystemExit(f"scraper process: expected the settings first, got {message[0]!r}")
+    _, settings, board_name = message
     from epp.observability.logging import setup_logging
 
     setup_logging(settings.log_level)
@@ -414,3 +436,7 @@ def _add(datastore: Datastore, publisher: _Publisher, slot: int, token: int, spe
     endpoint.metrics = metrics  # carry on from what the main process holds (ITL baseline, kept fields)
     endpoint.metrics_valid = valid
     endpoint.scrape_error = error
+
+
+if __name__ == "__main__":
+    child_main(int(sys.argv[1]))
