@@ -101,7 +101,10 @@ class Handoff:
 
 
 class ObserverStream:
-    """One observer stream (observability mode): reports the response to its pick, answers nothing."""
+    """One observer stream (observability mode): reports the response to its pick, answers nothing.
+    Once `ended` (the response is over, or there is no pick to report to) the server ends the
+    stream: Envoy keeps an observer stream open until the server does (`deferred_close_timeout`),
+    and every open stream counts against the EPP cluster's concurrent-request limit."""
 
     def __init__(self, handoff: Handoff) -> None:
         self.handoff = handoff
@@ -114,6 +117,8 @@ class ObserverStream:
         try:
             if kind == "request_headers":
                 self._attach(message.request_headers)
+                if self.picker is None:
+                    self.ended = True  # nothing to report to: end the stream at once
             elif picker is None or self.ended:
                 return
             elif kind == "response_headers":

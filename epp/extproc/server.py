@@ -41,11 +41,15 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             async for message in request_iterator:
                 if observer is not None:
                     observer.handle(message)
+                    if observer.ended:
+                        return  # end the stream: Envoy holds an observer stream open until we do
                     continue
                 if stream is None:
                     if message.observability_mode:
                         observer = ObserverStream(self.handoff)
                         observer.handle(message)
+                        if observer.ended:
+                            return
                         continue
                     stream = RequestStream(self.director, self.max_body_bytes, self.debug_header, self.refresh,
                                            self.handoff)

@@ -144,6 +144,10 @@ static_resources:
   - name: epp
     type: STATIC
     connect_timeout: 5s
+    # Every in-flight request holds an ext_proc stream until its response ends (two with the
+    # observer): Envoy's default of 1,024 concurrent streams per cluster would cap the pool.
+    circuit_breakers:
+      thresholds: [{{max_requests: 1000000, max_pending_requests: 1000000}}]
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
