@@ -16,7 +16,11 @@ EPP that picked, whatever happens to the observer. The observer adds what only t
 
 The two streams meet through a token: when the picker has no response phase it adds
 `x-epp-observe: <random token>` to the request headers (overwriting any the client sent), and
-the observer's first message carries it back (`Handoff`). The observer's last chunks may be read
+the observer's first message carries it back (`Handoff`). Only the requests whose response is
+worth observing get one — every streamed request, a sample of the others (`UNSTREAMED_SAMPLE`) —
+and the shipped Envoy configs run the observer only on requests that carry the header (the
+picker's reply clears the route cache, so the route is chosen again on what it left): an observer
+stream costs the EPP about as much as the pick. The observer's last chunks may be read
 after the picking stream ended; a request whose observer is attached then waits for it up to
 `grace` seconds before it is released. An observer stream that lands on another EPP (several
 EPP endpoints balanced per stream) or comes late finds no token and reports nothing: that
@@ -42,19 +46,33 @@ log = logging.getLogger("epp.extproc")
 _TOKEN_BYTES = 8  # 64 random bits: a live token cannot be guessed
 _TOKEN_CHARS = 2 * _TOKEN_BYTES
 DEFAULT_GRACE = 1.0  # seconds an ended pick waits for its observer's last chunks
+# Non-streamed requests observed: one in this many. Their usage only refines per-model averages
+# (output length, characters per token), which a sample learns as well, and an observer stream
+# costs the EPP about as much CPU as the pick itself.
+UNSTREAMED_SAMPLE = 8
 
 
 class Handoff:
     """Picks whose response an observer stream reports, by token (live while the pick is)."""
 
-    def __init__(self, grace: float = DEFAULT_GRACE) -> None:
+    def __init__(self, grace: float = DEFAULT_GRACE, unstreamed_sample: int = UNSTREAMED_SAMPLE) -> None:
         self.grace = grace
+        self.unstreamed_sample = unstreamed_sample
         self.late = 0  # observers that did not end within the grace after their pick did
+        self._unstreamed = 0
         self._waiting: dict[str, RequestStream] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def __len__(self) -> int:
         return len(self._waiting)
+
+    def wanted(self, streamed: bool) -> bool:
+        """Whether to have this request's response observed: every streamed one (its first chunk
+        is its first token), one non-streamed request in `unstreamed_sample`."""
+        if streamed:
+            return True
+        self._unstreamed += 1
+        return self.unstreamed_sample > 0 and self._unstreamed % self.unstreamed_sample == 0
 
     def expect(self, stream: RequestStream) -> str:
         """A new token for `stream`'s request, whose response an observer will see."""

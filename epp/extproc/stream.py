@@ -202,7 +202,9 @@ class RequestStream:
         if self.generated_request_id:
             set_headers[REQUEST_ID] = self.request_id
         remove = [k for k in self.headers if k.startswith(messages.DESTINATION) and k != messages.DESTINATION]
-        if self.handoff is not None and self.response_body_mode == NONE_MODE and self.record is not None:
+        request = self.request
+        if (self.handoff is not None and self.response_body_mode == NONE_MODE and self.record is not None
+                and request is not None and request.body is not None and self.handoff.wanted(request.stream)):
             self.token = self.handoff.expect(self)  # no response phase here: an observer reports it
             set_headers[OBSERVE_TOKEN] = self.token
         elif OBSERVE_TOKEN in self.headers:

@@ -5,8 +5,9 @@ with FULL_DUPLEX_STREAMED request bodies, an ORIGINAL_DST upstream cluster route
 `x-gateway-destination-endpoint` header the EPP sets) but, by default, keeps the response off
 the EPP: the picking filter has no response phase, and a second ext_proc filter in
 `observability_mode` reports the response headers, body chunks and end to the EPP without Envoy
-waiting for it (`epp/extproc/observer.py`); the picking filter's `response_trailer_mode: SEND`
-keeps its stream open until the response ends, which is when the EPP releases the request. Requests that carry `x-gateway-model-name-rewrite`
+waiting for it (`epp/extproc/observer.py`), on the requests the EPP marks `x-epp-observe` (every
+streamed one, a sample of the others); the picking filter's `response_trailer_mode: SEND` keeps
+its stream open until the response ends, which is when the EPP releases the request. Requests that carry `x-gateway-model-name-rewrite`
 take a route whose picking filter does see the response, so the EPP can write the client's model
 name back into it. `response_body_mode="FULL_DUPLEX_STREAMED"` renders the reference's config
 instead (every response chunk through the EPP).
@@ -101,20 +102,43 @@ class EnvoyConfig:
             ext_proc += f"""
           - name: {OBSERVER_FILTER}
             typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service:
-                envoy_grpc: {{cluster_name: epp}}
-                timeout: 10s
-              failure_mode_allow: true
-              observability_mode: true
-              deferred_close_timeout: 10s
-              processing_mode:
-                request_header_mode: SEND
-                response_header_mode: SEND
-                request_body_mode: NONE
-                response_body_mode: STREAMED
-                request_trailer_mode: SKIP
-                response_trailer_mode: SEND"""
+              # Only on requests the picker marked x-epp-observe (matched on the headers as the
+              # picker left them): every other request skips the filter.
+              "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
+              xds_matcher:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      not_matcher:
+                        single_predicate:
+                          input:
+                            name: observe-token
+                            typed_config:
+                              "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                              header_name: x-epp-observe
+                          value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
+                    on_match:
+                      action:
+                        name: skip
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+              extension_config:
+                name: {OBSERVER_FILTER}
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+                  grpc_service:
+                    envoy_grpc: {{cluster_name: epp}}
+                    timeout: 10s
+                  failure_mode_allow: true
+                  observability_mode: true
+                  deferred_close_timeout: 10s
+                  processing_mode:
+                    request_header_mode: SEND
+                    response_header_mode: SEND
+                    request_body_mode: NONE
+                    response_body_mode: STREAMED
+                    request_trailer_mode: SKIP
+                    response_trailer_mode: SEND"""
         return f"""
 admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {self.admin_port}}}}}
@@ -133,9 +157,7 @@ static_resources:
             virtual_hosts:
             - name: all
               domains: ["*"]
-              routes:{self._rewrite_route()}
-              - match: {{prefix: "/"}}
-                route: {{cluster: pool, timeout: {self.upstream_timeout_s}s}}
+              routes:{self._routes()}
           http_filters:{ext_proc}
           - name: envoy.filters.http.router
             typed_config:
@@ -160,16 +182,20 @@ static_resources:
             address: {{socket_address: {{address: 127.0.0.1, port_value: {self.epp_port}}}}}{tls}
 """
 
-    def _rewrite_route(self) -> str:
-        """With the observer: requests whose model name is rewritten take the response through
-        the picking filter (an observer cannot change the response back to the client's name)."""
+    def _routes(self) -> str:
+        """With the observer: requests whose model name is rewritten take the response through the
+        picking filter (an observer cannot change it back to the client's name)."""
+        route = f"route: {{cluster: pool, timeout: {self.upstream_timeout_s}s}}"
+        default = f"""
+              - match: {{prefix: "/"}}
+                {route}"""
         if not self.observed:
-            return ""
+            return default
         return f"""
               - match:
                   prefix: "/"
                   headers: [{{name: x-gateway-model-name-rewrite, present_match: true}}]
-                route: {{cluster: pool, timeout: {self.upstream_timeout_s}s}}
+                {route}
                 typed_per_filter_config:
                   {PICKER_FILTER}:
                     "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute
@@ -178,7 +204,7 @@ static_resources:
 {_modes(self.request_body_mode, "SEND", "FULL_DUPLEX_STREAMED", indent=24)}
                   {OBSERVER_FILTER}:
                     "@type": type.googleapis.com/envoy.config.route.v3.FilterConfig
-                    disabled: true"""
+                    disabled: true""" + default
 
     def _pool_cluster(self) -> str:
         if self.with_ext_proc:

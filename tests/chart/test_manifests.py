@@ -139,7 +139,7 @@ def test_standalone_envoy_bootstrap_is_what_epp_local_renders() -> None:
     assert shipped == yaml.safe_load(rendered)
     filters = shipped["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
         "http_filters"]
-    picker, observer = filters[0]["typed_config"], filters[1]["typed_config"]
+    picker, observer = filters[0]["typed_config"], filters[1]["typed_config"]["extension_config"]["typed_config"]
     assert picker["processing_mode"]["response_body_mode"] == "NONE"
     assert picker["processing_mode"]["response_header_mode"] == "SKIP"
     assert observer["observability_mode"] is True and observer["failure_mode_allow"] is True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import grpc
 import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -116,12 +117,11 @@ async def test_an_observer_that_never_ends_is_waited_for_only_the_grace() -> Non
 async def test_an_unknown_or_malformed_token_attaches_to_nothing() -> None:
     async with running_picker() as picker, channel_to(picker) as channel:
         client, upstream = await pick(channel)
-        for bogus in ("0" * 16, "short", "x" * 5000):
+        for bogus in ("0" * 16, "short", "x" * 5000, ""):
             observer = ExtProcClient(channel)
-            await observer.send(observed(headers_msg(request_headers(**{TOKEN: bogus}))),
-                                observed(response_body_msg(SSE[0])), observed(response_body_msg(b"", eos=True)))
-            await observer.close()
-            assert [r async for r in observer.call] == []
+            await observer.send(observed(headers_msg(request_headers(**({TOKEN: bogus} if bogus else {})))))
+            assert [r async for r in observer.call] == []  # the EPP ends a stream it has nothing to report to
+            assert await observer.call.code() == grpc.StatusCode.OK
         assert inflight(picker) == 1  # the real pick is untouched
         await client.close()
         await until(lambda: inflight(picker) == 0, "the release")
@@ -138,3 +138,18 @@ async def test_with_the_response_through_the_picker_no_token_is_issued() -> None
         assert TOKEN in list(reply.request_headers.response.header_mutation.remove_headers)  # never passed on
         await client.close()
         await until(lambda: inflight(picker) == 0, "the release")
+
+
+async def test_streamed_requests_are_always_observed_and_one_in_eight_others() -> None:
+    async with running_picker() as picker, channel_to(picker) as channel:
+        marked = []
+        for i in range(16):
+            client = ExtProcClient(channel)
+            body = orjson.dumps({"model": "m", "prompt": f"hello {i}", "max_tokens": 2, "stream": i % 2 == 0})
+            await client.send(picker_headers(), body_msg(body))
+            reply, _ = await client.recv(2)
+            marked.append((i % 2 == 0, TOKEN in set_headers(reply)))
+            await client.close()
+        assert all(has for streamed, has in marked if streamed)
+        assert sum(has for streamed, has in marked if not streamed) == 1  # 8 plain ones: one observed
+        await until(lambda: inflight(picker) == 0 and len(picker.extproc.handoff) == 0, "the releases")
