@@ -23,6 +23,7 @@ from epp.config.loader import LoadedConfig
 from epp.config.options import Options, available_cpus
 from epp.core import build_core
 from epp.datalayer.kv_subscriber import KVEventSubscriber
+from epp.datalayer.scrape_process import ScraperProcess
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.token_producer import TokenProducer
 from epp.datastore import Datastore
@@ -108,7 +109,7 @@ class EndpointPicker:
         self.extproc = ExternalProcessor(self.remote or self.director,
                                          max_body_bytes=options.max_request_body_bytes,
                                          debug_header=options.debug_decision_header)
-        self.scraper: MetricsScraper | None = None
+        self.scraper: MetricsScraper | ScraperProcess | None = None
         self.leader: LeaderElector | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health: grpc.aio.Server | None = None
@@ -190,11 +191,7 @@ class EndpointPicker:
                 retry_period=o.ha_retry_period)
             await self.leader.start()
         if self.config.data_source is not None:
-            self.scraper = MetricsScraper(
-                self.datastore, self.config.data_source, self.config.extractor, interval=o.refresh_metrics_interval
-            )
-            await self.scraper.start()
-            self.metrics.set_scrape_stats_source(self.scraper.all_stats)
+            await self._start_scraper()
         hands_off = role is not None and bool(role.dispatch_socket) and not role.dispatcher
         if not hands_off:  # a worker that hands its requests to the dispatcher queues nothing itself
             await self.admission.start()
@@ -266,6 +263,35 @@ class EndpointPicker:
                                     registry=self.metrics.registry)
         await self.replicas.start()
 
+    def _max_scrape_interval(self) -> float:
+        """How far an endpoint whose metrics do not move may back off: half the shortest
+        staleness threshold a plugin applies (so backing off never makes a pod look stale),
+        at most four intervals."""
+        interval = self.options.refresh_metrics_interval
+        thresholds = [float(t) for p in self.config.plugins.values()
+                      if isinstance(t := getattr(p, "metrics_staleness_threshold", None), (int, float))]
+        detector = self.config.saturation_detector
+        if isinstance(t := getattr(detector, "metrics_staleness_threshold", None), (int, float)):
+            thresholds.append(float(t))
+        return max(interval, min([4 * interval, *(t / 2 for t in thresholds)]))
+
+    async def _start_scraper(self) -> None:
+        o = self.options
+        assert self.config.data_source is not None
+        interval, max_interval = o.refresh_metrics_interval, self._max_scrape_interval()
+        if o.scrape_in_process:
+            self.scraper = MetricsScraper(self.datastore, self.config.data_source, self.config.extractor,
+                                          interval=interval, max_interval=max_interval)
+        else:
+            self.scraper = ScraperProcess(self.datastore, self.config.data_source, self.config.extractor,
+                                          interval=interval, max_interval=max_interval, log_level=o.v)
+            self.extproc.refresh = self.scraper.sync  # the freshest metrics for every pick
+        log.info("scraping model servers every %gs, backing off to %gs for endpoints whose metrics do not move",
+                 interval, max_interval, extra={"scraper": "in-process" if o.scrape_in_process else "process",
+                                                "interval": interval, "max_interval": max_interval})
+        await self.scraper.start()
+        self.metrics.set_scrape_stats_source(self.scraper.all_stats)
+
     async def _start_kv_events(self) -> None:
         """One KV-event subscriber per precise prefix producer, writing into its index."""
         metrics = self.core.precise_metrics
@@ -285,6 +311,7 @@ class EndpointPicker:
             await self._grpc.stop(grace)
         if self._dispatch is not None:
             await self._dispatch.stop(grace)
+        self.extproc.close()
         await self.admission.stop()  # after the grace period, in which queued requests may still go
         if self._dispatch is not None:
             await self._dispatch.close()

@@ -38,6 +38,7 @@ class Options:
     config_text: str = ""
     config_preset: str = ""  # a named built-in configuration (epp.config.defaults.PRESETS)
     refresh_metrics_interval: float = 0.05
+    scrape_in_process: bool = False  # scrape on the request path's event loop instead of a scraper process
     refresh_prometheus_metrics_interval: float = 5.0
     metrics_staleness_threshold: float = 2.0
     secure_serving: bool = True
@@ -93,6 +94,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default without any config: {DEFAULT_PRESET})")
     parser.add_argument("--refresh-metrics-interval", type=_duration, default=d.refresh_metrics_interval,
                         metavar="DURATION", help="model-server scrape period per endpoint (default 50ms)")
+    add_bool(parser, "--scrape-in-process", d.scrape_in_process,
+             "scrape model servers on the request path's event loop instead of in a separate scraper process "
+             "that publishes through shared memory (default false; for debugging)")
     parser.add_argument("--refresh-prometheus-metrics-interval", type=_duration,
                         default=d.refresh_prometheus_metrics_interval, metavar="DURATION",
                         help="accepted for compatibility; pool gauges are computed at scrape time")
