@@ -44,11 +44,26 @@ from grpc_health.v1 import health_pb2_grpc
 if TYPE_CHECKING:
     from epp.discovery.leader import LeaderElector
     from epp.scale.member import Member, PodRole, PodState
+    from epp.scale.board_reader import BoardReader
+    from epp.scale.observe import Relay
     from epp.scale.dispatcher import DispatchServer, RemoteDirector
     from epp.scale.replicas import ReplicaLink
     from epp.shm import Segment
 
 log = logging.getLogger("epp")
+
+
+def max_scrape_interval(options: Options, config: LoadedConfig) -> float:
+    """How far an endpoint whose metrics do not move may back off: half the shortest staleness
+    threshold a plugin applies (so backing off never makes a pod look stale), at most four
+    intervals."""
+    interval = options.refresh_metrics_interval
+    thresholds = [float(t) for p in config.plugins.values()
+                  if isinstance(t := getattr(p, "metrics_staleness_threshold", None), (int, float))]
+    detector = config.saturation_detector
+    if isinstance(t := getattr(detector, "metrics_staleness_threshold", None), (int, float)):
+        thresholds.append(float(t))
+    return max(interval, min([4 * interval, *(t / 2 for t in thresholds)]))
 
 
 def discovery_from_options(options: Options) -> Discovery:
@@ -109,7 +124,8 @@ class EndpointPicker:
         self.extproc = ExternalProcessor(self.remote or self.director,
                                          max_body_bytes=options.max_request_body_bytes,
                                          debug_header=options.debug_decision_header)
-        self.scraper: MetricsScraper | ScraperProcess | None = None
+        self.scraper: MetricsScraper | ScraperProcess | BoardReader | None = None
+        self.relay: Relay | None = None  # a pod's worker: observer streams for the other workers' picks
         self.leader: LeaderElector | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health: grpc.aio.Server | None = None
@@ -207,6 +223,14 @@ class EndpointPicker:
                                             debug_header=o.debug_decision_header)
             await self._dispatch.start()
         else:
+            if role is not None and role.directory:  # observer streams may land on any worker
+                from epp.scale.observe import MemberHandoff, Relay
+
+                self.relay = Relay(role.directory, role.member)
+                self.extproc.handoff = MemberHandoff(role.member, self.relay)
+                if self.member is not None:
+                    self.member.relay = self.relay
+                await self.relay.start(self.extproc.handoff)
             reuse = 1 if role is not None else 0
             self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", reuse)])
             add_to_server(self.extproc, self._grpc)
@@ -263,22 +287,18 @@ class EndpointPicker:
                                     registry=self.metrics.registry)
         await self.replicas.start()
 
-    def _max_scrape_interval(self) -> float:
-        """How far an endpoint whose metrics do not move may back off: half the shortest
-        staleness threshold a plugin applies (so backing off never makes a pod look stale),
-        at most four intervals."""
-        interval = self.options.refresh_metrics_interval
-        thresholds = [float(t) for p in self.config.plugins.values()
-                      if isinstance(t := getattr(p, "metrics_staleness_threshold", None), (int, float))]
-        detector = self.config.saturation_detector
-        if isinstance(t := getattr(detector, "metrics_staleness_threshold", None), (int, float)):
-            thresholds.append(float(t))
-        return max(interval, min([4 * interval, *(t / 2 for t in thresholds)]))
-
     async def _start_scraper(self) -> None:
         o = self.options
         assert self.config.data_source is not None
-        interval, max_interval = o.refresh_metrics_interval, self._max_scrape_interval()
+        interval, max_interval = o.refresh_metrics_interval, max_scrape_interval(o, self.config)
+        if self.role is not None and self.role.board:  # a pod's member: its supervisor scrapes
+            from epp.scale.board_reader import BoardReader
+
+            self.scraper = BoardReader(self.datastore, self.role.board)
+            self.extproc.refresh = self.scraper.sync
+            await self.scraper.start()
+            self.metrics.set_scrape_stats_source(self.scraper.all_stats)
+            return
         if o.scrape_in_process:
             self.scraper = MetricsScraper(self.datastore, self.config.data_source, self.config.extractor,
                                           interval=interval, max_interval=max_interval)
@@ -312,6 +332,8 @@ class EndpointPicker:
         if self._dispatch is not None:
             await self._dispatch.stop(grace)
         self.extproc.close()
+        if self.relay is not None:
+            self.relay.close()
         await self.admission.stop()  # after the grace period, in which queued requests may still go
         if self._dispatch is not None:
             await self._dispatch.close()

@@ -25,6 +25,7 @@ from epp.scale import table as t
 from epp.scale.peers import SharedLoad
 from epp.scale.prefix import PrefixSync, SharedPrefixIndex
 from epp.scale.ring import Ring
+from epp.scale.observe import Relay
 from epp.scale.table import SharedTable
 from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.shm import Segment
@@ -102,6 +103,7 @@ class Member:
         self.load = SharedLoad(self.table, member, core.datastore)
         self.indexes: list[SharedPrefixIndex] = []
         self.prefix: PrefixSync | None = None
+        self.relay: Relay | None = None  # set by the runner: observer streams for other workers' picks
         self._task: asyncio.Task[None] | None = None
 
     def install(self) -> None:
@@ -150,6 +152,16 @@ class Member:
             family.add_metric(["lost"], float(sync.lost))
             family.add_metric(["malformed"], float(sync.malformed))
         yield family
+        relay = self.relay
+        if relay is not None:
+            relayed = CounterMetricFamily("inference_extension_observer_relays",
+                                          "Observations relayed between the pod's workers (an observer stream that "
+                                          "landed on another worker than its pick's): sent, received, dropped.",
+                                          labels=["direction"])
+            relayed.add_metric(["sent"], float(relay.sent))
+            relayed.add_metric(["received"], float(relay.received))
+            relayed.add_metric(["dropped"], float(relay.dropped))
+            yield relayed
 
     # -- status the supervisor reads --
 
@@ -196,3 +208,5 @@ class PodRole:
     dispatcher: bool = False  # this process holds the pod's flow-control queues
     dispatch_socket: str = ""  # where the dispatcher listens (flow control on); "" otherwise
     grpc_port: int = 0  # the pod's ext_proc port, shared by the workers (SO_REUSEPORT)
+    board: str = ""  # the pod's metrics board (its supervisor's scraper); "": the member scrapes itself
+    directory: str = ""  # the pod's private directory: the workers' observation sockets

@@ -114,6 +114,7 @@ class Supervisor:
 
         loaded = load_config(config_text(options), Datastore())  # invalid: ConfigError, before anything starts
         self._log_config(loaded)
+        self.config = loaded
         self.flow_control = loaded.flow_control_config is not None
         self.layout, self._segment = PodLayout.create(workers, dispatcher=self.flow_control,
                                                       replica_link=bool(options.replicas_url))
@@ -125,15 +126,11 @@ class Supervisor:
         member_options = replace(options, workers=1, ha_enable_leader_election=False)
         if options.secure_serving and not options.cert_path:  # one self-signed certificate for the pod
             member_options = replace(member_options, cert_path=self._self_signed())
-        pid = os.getpid()
-        self.children = [
-            _Child(m, f"worker-{m}", MemberSpec(member_options, PodRole(self.layout, m, False, socket_path,
-                                                                          self.grpc_port), pid))
-            for m in range(workers)]
-        if self.flow_control:
-            m = self.layout.dispatcher_member
-            self.children.append(_Child(m, "dispatcher", MemberSpec(
-                member_options, PodRole(self.layout, m, True, socket_path, self.grpc_port), pid)))
+        self._member_options = member_options
+        self._socket_path = socket_path
+        self.children: list[_Child] = []  # made in `start`, once the pod's scraper has its board
+        self.discovery: Any = None
+        self.scraper: Any = None  # the pod's one scraper process, whose board every member reads
         self._ctx = multiprocessing.get_context("spawn")
         self.registry = CollectorRegistry(auto_describe=True)
         self._alive = Gauge("inference_extension_pod_members", "Processes of this EPP pod by role and state "
@@ -183,8 +180,17 @@ class Supervisor:
     # -- lifecycle --
 
     async def start(self) -> None:
+        board = await self._start_scraper()
+        pid, options, socket_path = os.getpid(), self._member_options, self._socket_path
+        directory = str(self._dir)
+        self.children = [_Child(m, f"worker-{m}", MemberSpec(options, PodRole(
+            self.layout, m, False, socket_path, self.grpc_port, board, directory), pid)) for m in range(self.workers)]
+        if self.flow_control:
+            m = self.layout.dispatcher_member
+            self.children.append(_Child(m, "dispatcher", MemberSpec(options, PodRole(
+                self.layout, m, True, socket_path, self.grpc_port, board, directory), pid)))
         log.info("starting the pod's processes", extra={"workers": self.workers, "dispatcher": self.flow_control,
-                                                        "grpc_port": self.grpc_port,
+                                                        "grpc_port": self.grpc_port, "shared_scraper": bool(board),
                                                         "replicas": bool(self.options.replicas_url)})
         for child in self.children:
             self._spawn(child)
@@ -220,6 +226,27 @@ class Supervisor:
             await self.replicas.start()
         self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="pod-supervisor")
 
+    async def _start_scraper(self) -> str:
+        """The pod's scraper process over the supervisor's own discovery of the pool; returns its
+        board's name ("" when the members scrape themselves: no data source, --scrape-in-process)."""
+        o, config = self.options, self.config
+        if config.data_source is None or o.scrape_in_process:
+            return ""
+        from epp.datalayer.scrape_process import ScraperProcess
+        from epp.runner import discovery_from_options, max_scrape_interval
+
+        datastore = Datastore()
+        self.discovery = discovery_from_options(o)
+        await self.discovery.start(datastore)
+        interval = o.refresh_metrics_interval
+        self.scraper = ScraperProcess(datastore, config.data_source, config.extractor, interval=interval,
+                                      max_interval=max_scrape_interval(o, config), log_level=o.v)
+        await self.scraper.start()
+        assert self.scraper.board is not None
+        log.info("the pod's scraper process serves every member", extra={"board": self.scraper.board.name,
+                                                                         "interval": interval})
+        return self.scraper.board.name
+
     async def wait_ready(self, timeout: float = _START_TIMEOUT) -> None:
         """Until every member has started (tests, benchmarks); raises TimeoutError."""
         async with asyncio.timeout(timeout):
@@ -247,6 +274,10 @@ class Supervisor:
                 child.process.join()
         if self.replicas is not None:
             await self.replicas.stop()
+        if self.scraper is not None:
+            await self.scraper.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
         for server in (self._health, self._admin):
             if server is not None:
                 await server.stop(0)

@@ -171,8 +171,29 @@ async def test_the_pod_exposes_one_set_of_the_reference_metrics_and_one_status(p
             status = await admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(decisions=50))
         assert status.ready and len(status.endpoints) == 4 and status.requests_total == 24
         assert len(status.decisions) == 24
+        assert scrapers(pod) == 1  # one scraper process for the pod, whose board both workers read
     finally:
         for envoy in envoys:
             envoy.close()
         single.stop()
         pod.stop()
+
+
+def scrapers(epp: EppServe) -> int:
+    """Scraper processes in the pod's process tree."""
+    assert epp.proc is not None
+
+    def tree(pid: int) -> list[int]:
+        try:
+            children = [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+        except OSError:
+            return []
+        return children + [g for c in children for g in tree(c)]
+
+    count = 0
+    for pid in tree(epp.proc.pid):
+        try:
+            count += b"epp.datalayer.scrape_process" in open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            pass
+    return count
