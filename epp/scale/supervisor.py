@@ -115,6 +115,7 @@ class Supervisor:
         loaded = load_config(config_text(options), Datastore())  # invalid: ConfigError, before anything starts
         self._log_config(loaded)
         self.config = loaded
+        self._check_kv_events(loaded)
         self.flow_control = loaded.flow_control_config is not None
         self.layout, self._segment = PodLayout.create(workers, dispatcher=self.flow_control,
                                                       replica_link=bool(options.replicas_url))
@@ -151,6 +152,19 @@ class Supervisor:
         self.health_port = 0
         self.metrics_port = 0
         self.admin_port = 0
+
+    @staticmethod
+    def _check_kv_events(loaded: Any) -> None:
+        """Every worker subscribes to the pods' KV events itself (the precise index needs nothing
+        shared); a central socket that the pods connect to can be bound by one process only."""
+        from epp.params import ConfigError
+        from epp.scheduling.plugins.precise_prefix_cache_producer import PrecisePrefixCacheProducer
+
+        for plugin in loaded.plugins.values():
+            if isinstance(plugin, PrecisePrefixCacheProducer) and plugin.config.events.zmq_endpoint:
+                raise ConfigError(
+                    f"{plugin.name}: kvEventsConfig.zmqEndpoint binds one socket, which several workers "
+                    "cannot share: use discoverPods (every worker subscribes to every pod) or --workers 1")
 
     @staticmethod
     def _log_config(loaded: Any) -> None:

@@ -87,3 +87,11 @@ def test_active_active_needs_a_server(helm: str, tmp_path: Path) -> None:
     result = run_helm(helm, "template", "r1", str(Path(__file__).resolve().parents[2] / "charts" / "inferencepool"),
                       "--namespace", "llm", *value_args(values, tmp_path))
     assert result.returncode != 0 and "activeActive needs url" in result.stderr
+
+
+def test_workers_need_the_discovery_mode_of_kv_events(helm: str, tmp_path: Path) -> None:
+    values = {"inferenceExtension": {"workers": 2, "precisePrefixCache": {
+        "enabled": True, "mode": "central", "modelName": "tiny", "tokenizer": {"configMap": "tiny"}}}}
+    result = run_helm(helm, "template", "r1", str(Path(__file__).resolve().parents[2] / "charts" / "inferencepool"),
+                      "--namespace", "llm", *value_args(values, tmp_path))
+    assert result.returncode != 0 and "mode discovery" in result.stderr
