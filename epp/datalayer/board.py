@@ -126,7 +126,7 @@ class MetricsBoard:
 
     def versions(self, upto: int) -> list[int]:
         """State versions of slots [0, upto): compare with the last look to find what changed."""
-        return self._state.versions()[:upto] if upto < self.slots else self._state.versions()
+        return self._state.versions(upto)
 
     def read_state(self, slot: int) -> BoardState | None:
         got = self._state.read(slot)

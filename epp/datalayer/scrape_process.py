@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -103,7 +104,9 @@ class ScraperProcess:
             max_interval=max(interval, max_interval or interval), timeout=timeout, max_body_bytes=max_body_bytes,
             quantum=interval / 5 if quantum is None else quantum, log_level=log_level)
         self.interval = interval
-        self.sync_interval = sync_interval if sync_interval is not None else min(0.01, interval / 5)
+        # How often the board is copied into the datastore without traffic (every pick copies it
+        # too): what this adds to the metrics' age, 2.5 ms on average at the default.
+        self.sync_interval = sync_interval if sync_interval is not None else min(0.005, interval / 10)
         self.slots = slots
         self.board: MetricsBoard | None = None
         self.restarts = 0
@@ -346,7 +349,10 @@ class ScraperProcess:
 
 
 def child_main(read_fd: int) -> None:
-    """The scraper process: its settings come first on the pipe, then the endpoints to scrape."""
+    """The scraper process: its settings come first on the pipe, then the endpoints to scrape.
+    Its parent stops it (or it stops when the pipe closes): a Ctrl-C at a terminal, which reaches
+    the whole process group, is for the parent to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pipe = Connection(read_fd, writable=False)
     try:
         message = pipe.recv()
