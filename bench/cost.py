@@ -25,6 +25,8 @@ observability mode reports streamed responses; epp/local/envoy.py, manifests/) a
   static ones (which back off); and the metrics' age as the EPP exposes it.
 - tokens: inter-token latency and EPP CPU per streamed chunk on both Envoy configs, same EPP,
   same pods, alternating; Envoy without the EPP as the floor.
+- floor: the same loads against an ext_proc server that does nothing (`bench/grpc_floor.py`):
+  the CPU gRPC in Python costs per request and per chunk before the EPP does any work.
 """
 
 from __future__ import annotations
@@ -473,9 +475,83 @@ async def part_tokens(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+# --------------------------------------------------------------------------- the gRPC floor
+
+
+@contextmanager
+def floor_server(endpoints: list[str]) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """`bench.grpc_floor`: an ext_proc server that does nothing but answer (no TLS)."""
+    import sys as _sys
+
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        port_file = Path(tmp) / "port"
+        proc = start_process([_sys.executable, "-m", "bench.grpc_floor", str(port_file), *endpoints], "grpc-floor")
+        try:
+            deadline = time.monotonic() + 30
+            while not port_file.exists() or not port_file.read_text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the gRPC floor server did not start")
+                time.sleep(0.05)
+            yield proc, int(port_file.read_text())
+        finally:
+            stop_process(proc)
+
+
+async def part_floor(args: argparse.Namespace) -> list[str]:
+    lines = ["## The floor: an ext_proc server that does nothing", "",
+             "`bench/grpc_floor.py` speaks the protocol on the EPP's stack (grpc.aio on uvloop, one process, no "
+             "TLS) and only answers: the destination, the body re-streamed, response chunks echoed on the "
+             "reference config, nothing to an observer (run, as with the EPP, for streamed requests only). Same "
+             "clients, stubs and pods as above. What the EPP costs above this row is its own work.", "",
+             "| load | Envoy config | rate | server CPU per request / chunk |", "|---|---|---|---|"]
+    rng = random.Random(5)
+    bodies = prompt_bodies(rng, 200, 500)
+    with StubPods(10) as stubs, floor_server(stubs.addresses) as (proc, port):
+        envoys: dict[str, EnvoyProcess] = {}
+        try:
+            for mode in (SHIPPED, REFERENCE):
+                listen, admin = free_ports(2)
+                envoys[mode] = EnvoyProcess(EnvoyConfig(listen, admin, port, **(
+                    {"response_body_mode": "FULL_DUPLEX_STREAMED"} if mode == REFERENCE else {})))
+                envoys[mode].start()
+            for mode, envoy in envoys.items():
+                url = envoy.url + "/v1/completions"
+                await closed_loop(url, bodies, 4, 0.3)
+                c0 = cpu_seconds(proc.pid)
+                r = await closed_loop(url, bodies, args.concurrency, args.duration)
+                per = (cpu_seconds(proc.pid) - c0) / max(1, len(r.latencies))
+                args.figures.setdefault("floor", {})[f"requests {mode}"] = per
+                lines.append(f"| small requests, 10 stubs | {mode} | {r.rps:,.0f} req/s | {per * 1e3:.2f} ms |")
+        finally:
+            for envoy in envoys.values():
+                envoy.close()
+    spec = PodSpec(count=2, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
+    with Pods(spec, "cost-floor") as sims, floor_server(sims.addresses) as (proc, port):
+        envoys = {}
+        try:
+            for mode in (SHIPPED, REFERENCE):
+                listen, admin = free_ports(2)
+                envoys[mode] = EnvoyProcess(EnvoyConfig(listen, admin, port, **(
+                    {"response_body_mode": "FULL_DUPLEX_STREAMED"} if mode == REFERENCE else {})))
+                envoys[mode].start()
+            for mode, envoy in envoys.items():
+                c0 = cpu_seconds(proc.pid)
+                outs = await _stream_loop(envoy.url, args.stream_concurrency, args.duration, args.stream_tokens)
+                chunks = sum(o.tokens for o in outs)
+                per = (cpu_seconds(proc.pid) - c0) / max(1, chunks)
+                args.figures.setdefault("floor", {})[f"tokens {mode}"] = per
+                lines.append(f"| {args.stream_concurrency} streams × {args.stream_tokens} tokens | {mode} | "
+                             f"{chunks:,} chunks | {per * 1e6:,.0f} µs per chunk |")
+        finally:
+            for envoy in envoys.values():
+                envoy.close()
+    return lines
+
+
 # --------------------------------------------------------------------------- CLI
 
-PARTS = {"rate": part_rate, "pick": part_pick, "prompt": part_prompt, "scrape": part_scrape, "tokens": part_tokens}
+PARTS = {"rate": part_rate, "pick": part_pick, "prompt": part_prompt, "scrape": part_scrape, "tokens": part_tokens,
+         "floor": part_floor}
 
 
 async def measure(args: argparse.Namespace) -> str:

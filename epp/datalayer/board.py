@@ -151,11 +151,10 @@ class MetricsBoard:
             at += n_active
             waiting = self._set(tail[at:at + n_waiting])
             self._tails[slot] = (tail, address, error, models, active, waiting)
-        metrics = EndpointMetrics(
-            waiting_queue_size=waiting_queue, running_requests=running, kv_cache_usage=kv, models=models,
-            active_models=active, waiting_models=waiting, max_active_models=max_active,
-            cache_block_size=block_size, cache_num_blocks=num_blocks, update_time=update_time,
-            inter_token_latency=itl, itl_sum=itl_sum, itl_count=itl_count)
+        # positional (the field order of EndpointMetrics; test_the_board_round_trips_a_state_and_stats
+        # holds it): this runs for every poll of every endpoint
+        metrics = EndpointMetrics(waiting_queue, running, kv, models, active, waiting, max_active, block_size,
+                                  num_blocks, update_time, itl, itl_sum, itl_count)
         return BoardState(version, token, address, metrics, bool(valid), error)
 
     def read_stats(self, slot: int) -> tuple[int, ScrapeStats] | None:

@@ -56,11 +56,12 @@ def test_cost_parts_tiny(tmp_path: Path) -> None:
     _no_children_left()
     assert rc == 0
     text = out.read_text()
-    for heading in ("Highest request rate", "The pick alone", "CPU per request", "Scraping cost", "token path"):
+    for heading in ("Highest request rate", "The pick alone", "CPU per request", "Scraping cost", "token path",
+                    "The floor"):
         assert heading in text
     assert "100,000" in text and "shipped" in text and "reference" in text and "process ÷ in-loop" in text
     figures = json.loads(out.with_suffix(".json").read_text())
-    assert set(figures) == {"rate", "pick", "prompt", "scrape", "tokens"}  # what bench.summary reads
+    assert set(figures) == {"rate", "pick", "prompt", "scrape", "tokens", "floor"}  # what bench.summary reads
 
 
 def test_overhead_tiny(tmp_path: Path) -> None:
