@@ -1,12 +1,16 @@
 """What the picker costs a request: Envoy → EPP → pod against Envoy → pod, measured in one run.
 
-Both Envoys run side by side in front of the same simulated pods (nearly zero model time), and the
-measurements alternate between them, so machine noise hits both alike. Reported as ratios.
+The Envoys run side by side in front of the same simulated pods (nearly zero model time), and the
+measurements alternate between them, so machine noise hits all alike. Reported as ratios. The
+EPP sits behind two Envoy configs: `shipped` (epp/local/envoy.py, manifests/: responses never
+wait on the EPP) and `reference` (the reference's, every response chunk through the EPP).
 
     python -m bench.overhead [--duration 5] [--concurrency 16] [--rates 50,100,200] [--workers-arm/--no-workers-arm]
+    python -m bench.overhead --epp-arg=--workers=2 --out bench/results/overhead-workers2.md
 
 The workers arm (`measure_workers`): the same closed loop through `epp serve --workers 1` and
-`--workers 2` and Envoy alone, rounds alternating, reported as ratios to Envoy alone.
+`--workers 2` and Envoy alone, rounds alternating, reported as ratios to Envoy alone, with the
+EPP's CPU per request over all its processes.
 """
 
 from __future__ import annotations
@@ -38,29 +42,36 @@ async def measure(args: argparse.Namespace) -> str:
                "overhead")
     sim.start()
     addresses = ",".join(sim.addresses)
-    grpc_port, health, metrics, *envoy_ports = free_ports(7)
+    grpc_port, health, metrics, *envoy_ports = free_ports(9)
     epp = start_process(epp_command("serve", "--static-endpoints", addresses, "--grpc-port", str(grpc_port),
                                     "--grpc-health-port", str(health), "--metrics-port", str(metrics),
-                                    "--bind-address", "127.0.0.1", "--v", "1"), "overhead-epp")
+                                    "--bind-address", "127.0.0.1", "--v", "1", *args.epp_arg), "overhead-epp")
     envoys: list[EnvoyProcess] = []
     try:
         wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=epp)
-        with_epp = EnvoyProcess(EnvoyConfig(envoy_ports[0], envoy_ports[1], grpc_port, epp_tls=True,
-                                            response_body_mode=args.response_body_mode))
-        direct = EnvoyProcess(EnvoyConfig(envoy_ports[2], envoy_ports[3], 0, with_ext_proc=False,
+        shipped = EnvoyProcess(EnvoyConfig(envoy_ports[0], envoy_ports[1], grpc_port, epp_tls=True))
+        reference = EnvoyProcess(EnvoyConfig(envoy_ports[2], envoy_ports[3], grpc_port, epp_tls=True,
+                                             response_body_mode="FULL_DUPLEX_STREAMED"))
+        direct = EnvoyProcess(EnvoyConfig(envoy_ports[4], envoy_ports[5], 0, with_ext_proc=False,
                                           upstreams=tuple(addresses.split(","))))
-        envoys = [with_epp, direct]
+        envoys = [shipped, reference, direct]
         for e in envoys:
             e.start()
         body = orjson.dumps({"model": MODEL, "prompt": "The quick brown fox jumps over the lazy dog. " * 8,
                              "max_tokens": 1})
-        paths = {"envoy + epp": with_epp.url + "/v1/completions", "envoy only": direct.url + "/v1/completions"}
+        paths = {"envoy + epp (shipped)": shipped.url + "/v1/completions",
+                 "envoy + epp (reference)": reference.url + "/v1/completions",
+                 "envoy only": direct.url + "/v1/completions"}
         for url in paths.values():  # warm up connections and caches
             await closed_loop(url, body, 4, 1.0)
+        extra = f" `epp serve {' '.join(args.epp_arg)}`." if args.epp_arg else ""
         lines = [f"# Picker overhead ({time.strftime('%Y-%m-%d %H:%M')})", "",
                  f"{pods} simulated pods (model time ~0), Envoy --concurrency 1, EPP with TLS and the default "
-                 f"config, response body mode {args.response_body_mode}. Client: one aiohttp process.", "",
-                 f"## Closed loop, {args.concurrency} concurrent clients, {args.duration:.0f} s each (alternating)", "",
+                 f"config{extra} `shipped`: this project's Envoy config (responses never wait on the EPP); "
+                 "`reference`: every response chunk through the EPP. Client: one aiohttp process; load average "
+                 f"{machine_load()} at the start.", "",
+                 f"## Closed loop, {args.concurrency} concurrent clients, {args.duration:.0f} s each (alternating, "
+                 f"{args.rounds} rounds)", "",
                  "| path | req/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
         closed: dict[str, list] = {name: [] for name in paths}
         for _ in range(args.rounds):
@@ -74,24 +85,35 @@ async def measure(args: argparse.Namespace) -> str:
                 m.merge(r)
             merged[name] = m
             lines.append(row(name, m))
-        ratio = merged["envoy + epp"].rps / merged["envoy only"].rps
-        args.figures = {"throughput_ratio": ratio, "added_p50_ms": (pct(merged["envoy + epp"].latencies, .5)
-                                                                    - pct(merged["envoy only"].latencies, .5)) * 1000}
-        lines += ["", f"**Throughput with the EPP / without: {ratio:.2f}** "
-                      f"(p50 latency added: {(pct(merged['envoy + epp'].latencies, .5) - pct(merged['envoy only'].latencies, .5)) * 1000:.2f} ms)", ""]
-        lines += [f"## Open loop at fixed rates, {args.duration:.0f} s each", "",
+        base = merged["envoy only"]
+        figures: dict[str, float] = {}
+        lines.append("")
+        for name in ("envoy + epp (shipped)", "envoy + epp (reference)"):
+            ratio = merged[name].rps / base.rps
+            added = (pct(merged[name].latencies, .5) - pct(base.latencies, .5)) * 1000
+            key = name.split("(")[1].rstrip(")")
+            figures[f"throughput_ratio_{key}"] = ratio
+            figures[f"added_p50_ms_{key}"] = added
+            lines.append(f"**Throughput with the EPP ({key}) / without: {ratio:.2f}** (p50 latency added: {added:.2f} ms)")
+        figures["throughput_ratio"] = figures["throughput_ratio_shipped"]
+        lines += ["", f"## Open loop at fixed rates, {args.duration:.0f} s each", "",
                   "| rate | path | p50 ms | p99 ms | errors | added p50 ms | added p99 ms |", "|---|---|---|---|---|---|---|"]
         for rate in args.rates:
             results = {}
             for name, url in paths.items():
                 print(f"open loop {rate}/s: {name}", file=sys.stderr)
                 results[name] = await open_loop(url, body, rate, args.duration)
-            a, b = results["envoy + epp"], results["envoy only"]
+            b = results["envoy only"]
             for name, r in results.items():
-                added = ((pct(a.latencies, .5) - pct(b.latencies, .5)) * 1000, (pct(a.latencies, .99) - pct(b.latencies, .99)) * 1000)
-                extra = f"{added[0]:.2f} | {added[1]:.2f}" if name == "envoy + epp" else " | "
+                added = ((pct(r.latencies, .5) - pct(b.latencies, .5)) * 1000,
+                         (pct(r.latencies, .99) - pct(b.latencies, .99)) * 1000)
+                if name != "envoy only":
+                    key = name.split("(")[1].rstrip(")")
+                    figures[f"added_p99_ms_{key}_{rate:.0f}"] = added[1]
+                extra_cells = f"{added[0]:.2f} | {added[1]:.2f}" if name != "envoy only" else " | "
                 lines.append(f"| {rate:.0f}/s | {name} | {pct(r.latencies, .5) * 1000:.2f} | "
-                             f"{pct(r.latencies, .99) * 1000:.2f} | {r.errors} | {extra} |")
+                             f"{pct(r.latencies, .99) * 1000:.2f} | {r.errors} | {extra_cells} |")
+        args.figures = figures
         return "\n".join(lines) + "\n"
     finally:
         for e in envoys:
@@ -195,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[50.0, 100.0, 200.0])
-    parser.add_argument("--response-body-mode", default="FULL_DUPLEX_STREAMED",
-                        choices=("FULL_DUPLEX_STREAMED", "NONE"))
+    parser.add_argument("--epp-arg", action="append", default=[],
+                        help="an extra `epp serve` argument (repeat), e.g. --epp-arg=--workers=2")
     parser.add_argument("--out", default=str(RESULTS / "overhead.md"))
     parser.add_argument("--workers-only", action="store_true", help="only the workers arm")
     parser.add_argument("--epp-streams", type=int, default=2,

@@ -199,9 +199,12 @@ class SlotArray:
         """Slot `index`'s version: 0 never written, odd being written, else even and growing."""
         return self._seq[index]
 
-    def versions(self) -> list[int]:
-        """Every slot's version, read in one call."""
-        return self._seq.tolist()
+    def versions(self, upto: int | None = None) -> list[int]:
+        """The versions of slots [0, upto) (all by default), read in one call."""
+        if upto is None or upto >= self.count:
+            return self._seq.tolist()
+        with self._seq[:upto] as head:
+            return head.tolist()
 
     def release(self) -> None:
         """Drop the views into the segment (before the segment is closed)."""

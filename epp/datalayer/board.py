@@ -71,6 +71,8 @@ class MetricsBoard:
         offset += SlotArray.size(slots, state_capacity)
         self._stats = SlotArray(segment.buf, slots, stats_capacity, offset)
         self._sets: dict[bytes, frozenset[str]] = {b"": frozenset()}
+        self._encoded: dict[frozenset[str], bytes] = {}  # writer side: name sets as stored
+        self._tails: dict[int, tuple[bytes, str, str, frozenset[str], frozenset[str], frozenset[str]]] = {}
 
     @staticmethod
     def size(slots: int) -> int:
@@ -101,7 +103,7 @@ class MetricsBoard:
         m = endpoint.metrics
         address = endpoint.address.encode()[:MAX_ADDRESS_BYTES]
         error = _cut(endpoint.scrape_error, MAX_ERROR_BYTES)
-        models, active, waiting = _names(m.models), _names(m.active_models), _names(m.waiting_models)
+        models, active, waiting = self._names(m.models), self._names(m.active_models), self._names(m.waiting_models)
         head = _STATE.pack(token, m.update_time, m.kv_cache_usage, m.inter_token_latency, m.itl_sum, m.itl_count,
                            m.waiting_queue_size, m.running_requests, m.max_active_models, m.cache_block_size,
                            m.cache_num_blocks, 1 if endpoint.metrics_valid else 0, len(address), len(error),
@@ -124,7 +126,7 @@ class MetricsBoard:
 
     def versions(self, upto: int) -> list[int]:
         """State versions of slots [0, upto): compare with the last look to find what changed."""
-        return self._state.versions()[:upto] if upto < self.slots else self._state.versions()
+        return self._state.versions(upto)
 
     def read_state(self, slot: int) -> BoardState | None:
         got = self._state.read(slot)
@@ -133,21 +135,26 @@ class MetricsBoard:
         version, payload = got
         (token, update_time, kv, itl, itl_sum, itl_count, waiting_queue, running, max_active, block_size, num_blocks,
          valid, n_address, n_error, n_models, n_active, n_waiting) = _STATE.unpack_from(payload)
-        at = _STATE.size
-        address = payload[at:at + n_address].decode()
-        at += n_address
-        error = payload[at:at + n_error].decode()
-        at += n_error
-        models = self._set(payload[at:at + n_models])
-        at += n_models
-        active = self._set(payload[at:at + n_active])
-        at += n_active
-        waiting = self._set(payload[at:at + n_waiting])
-        metrics = EndpointMetrics(
-            waiting_queue_size=waiting_queue, running_requests=running, kv_cache_usage=kv, models=models,
-            active_models=active, waiting_models=waiting, max_active_models=max_active,
-            cache_block_size=block_size, cache_num_blocks=num_blocks, update_time=update_time,
-            inter_token_latency=itl, itl_sum=itl_sum, itl_count=itl_count)
+        tail = payload[_STATE.size:]
+        known = self._tails.get(slot)
+        if known is not None and known[0] == tail:  # address, error and names as last time: the usual case
+            _, address, error, models, active, waiting = known
+        else:
+            at = 0
+            address = tail[at:at + n_address].decode()
+            at += n_address
+            error = tail[at:at + n_error].decode()
+            at += n_error
+            models = self._set(tail[at:at + n_models])
+            at += n_models
+            active = self._set(tail[at:at + n_active])
+            at += n_active
+            waiting = self._set(tail[at:at + n_waiting])
+            self._tails[slot] = (tail, address, error, models, active, waiting)
+        # positional (the field order of EndpointMetrics; test_the_board_round_trips_a_state_and_stats
+        # holds it): this runs for every poll of every endpoint
+        metrics = EndpointMetrics(waiting_queue, running, kv, models, active, waiting, max_active, block_size,
+                                  num_blocks, update_time, itl, itl_sum, itl_count)
         return BoardState(version, token, address, metrics, bool(valid), error)
 
     def read_stats(self, slot: int) -> tuple[int, ScrapeStats] | None:
@@ -161,6 +168,14 @@ class MetricsBoard:
         return token, ScrapeStats(scrapes=scrapes, errors=errors, consecutive_errors=consecutive,
                                   last_duration=duration, last_success=success, last_error=last_error,
                                   problems=tuple(problems), invalid=dict(invalid), interval=interval)
+
+    def _names(self, names: frozenset[str]) -> bytes:
+        encoded = self._encoded.get(names)
+        if encoded is None:
+            if len(self._encoded) >= _SET_CACHE_LIMIT:
+                self._encoded.clear()
+            encoded = self._encoded[names] = _names(names)
+        return encoded
 
     def _set(self, raw: bytes) -> frozenset[str]:
         names = self._sets.get(raw)

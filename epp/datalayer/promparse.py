@@ -149,10 +149,22 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
             continue
         lines = _group_lines(body, start, raw)
         end = lines[-1][1]
-        if group is not None and end - start == len(group.raw) and body.startswith(group.raw, start):
-            group.start = start
-            out[name] = group.samples
-            continue
+        if group is not None:
+            if end - start == len(group.raw) and body.startswith(group.raw, start):
+                group.start = start
+                out[name] = group.samples
+                continue
+            if len(lines) == 1 and len(group.labels) == 1:  # a gauge that moved: its labels did not
+                label_bytes, label_dict = group.labels[0]
+                cut = len(raw)
+                if label_bytes and body.startswith(label_bytes, start + cut):
+                    line = body[start:end]
+                    value, timestamp = _value(line, cut + len(label_bytes), name, body, start)
+                    samples = [Sample(name, label_dict, value, timestamp)]
+                    group.start, group.raw, group.samples = start, line, samples
+                    out[name] = samples
+                    unchanged = False
+                    continue
         unchanged = False
         samples, labels = _parse_group(body, lines, name, len(raw), group)
         out[name] = samples

@@ -9,6 +9,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.extproc import messages
 from epp.extproc.observer import Handoff, ObserverStream
 from epp.extproc.stream import RequestStream
 from epp.requestcontrol.director import Director
@@ -55,7 +56,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                                            self.handoff)
                 for response in await stream.handle(message):
                     yield response
-                    if response.HasField("immediate_response"):
+                    if not isinstance(response, bytes) and response.HasField("immediate_response"):
                         return
         finally:
             # Runs on normal end, client cancel (CancelledError) and errors alike.
@@ -71,4 +72,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
 
 
 def add_to_server(servicer: ExternalProcessor, server: grpc.aio.Server) -> None:
-    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    """As the generated `add_ExternalProcessorServicer_to_server`, with a serializer that also
+    takes replies already serialised (`messages.streamed_response_body_wire`)."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.Process, request_deserializer=pb.ProcessingRequest.FromString,
+        response_serializer=messages.serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}),))

@@ -90,7 +90,8 @@ class RequestStream:
 
     # -- dispatch --
 
-    async def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    async def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
+        """The replies to one message (messages, or `bytes` already serialised on the token path)."""
         kind = message.WhichOneof("request")
         try:
             if message.HasField("protocol_config"):
@@ -235,11 +236,11 @@ class RequestStream:
         served = served_value.string_value if served_value is not None else ""
         return self.director.on_response_headers(self.record, served) if self.record else {}
 
-    def _on_response_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _on_response_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
         body = message.response_body
         chunk = self.response_chunk_seen(body.body, body.end_of_stream)
         if self.response_body_mode == FULL_DUPLEX:
-            return [messages.streamed_response_body(chunk, body.end_of_stream)]
+            return [messages.streamed_response_body_wire(chunk, body.end_of_stream)]
         changed = chunk is not body.body
         return [messages.buffered_response_body(chunk if changed else None)]
 

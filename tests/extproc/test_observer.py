@@ -153,3 +153,13 @@ async def test_streamed_requests_are_always_observed_and_one_in_eight_others() -
         assert all(has for streamed, has in marked if streamed)
         assert sum(has for streamed, has in marked if not streamed) == 1  # 8 plain ones: one observed
         await until(lambda: inflight(picker) == 0 and len(picker.extproc.handoff) == 0, "the releases")
+
+
+def test_the_wire_form_of_a_streamed_response_chunk_is_the_message_serialised() -> None:
+    from epp.extproc import messages
+
+    for chunk in (b"", b"x", b"y" * 127, b"z" * 128, b"w" * 70_000):
+        for eos in (False, True):
+            wire = messages.streamed_response_body_wire(chunk, eos)
+            assert wire == messages.streamed_response_body(chunk, eos).SerializeToString()
+            assert pb.ProcessingResponse.FromString(wire) == messages.streamed_response_body(chunk, eos)
