@@ -33,6 +33,10 @@ _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def epp_command(*args: str) -> list[str]:
+    """`epp <args>`; `serve` runs one process (`--workers 1`) unless the arm names its workers, so
+    the arms measure what they always did whatever the machine's cores."""
+    if args and args[0] == "serve" and not any(a == "--workers" or a.startswith("--workers=") for a in args):
+        args = (*args, "--workers", "1")
     return [sys.executable, "-m", "epp.cli", *args]
 
 

@@ -1,22 +1,32 @@
-"""What the picker itself costs: request rate, CPU per request, scraping, and the token path.
+"""What the picker itself costs: request rate, CPU per request, the pick, scraping, and the token path.
 
-    python -m bench.cost                    # all parts (~3 min)
-    python -m bench.cost --parts scrape     # one part: rate | prompt | scrape | tokens
+    python -m bench.cost                    # all parts (~4 min)
+    python -m bench.cost --parts scrape     # one part: rate | pick | prompt | scrape | tokens
     python -m bench.cost --quick
 
-CPU is the EPP process's own user+system time (all threads) from /proc/<pid>/stat, read before and
-after a fixed amount of work, so other processes on the machine do not count against it.
+CPU is the EPP's own user+system time (all threads, and its scraper process) from
+/proc/<pid>/stat, read before and after a fixed amount of work, so other processes on the
+machine do not count against it. Two Envoy configs are compared wherever responses matter:
+`shipped` (this project's: the picking filter has no response phase, an observer filter in
+observability mode reports streamed responses; epp/local/envoy.py, manifests/) and `reference`
+(the reference's: every response chunk through the EPP, FULL_DUPLEX_STREAMED).
 
 - rate: the highest request rate one EPP process sustains with 10 and 100 endpoints (closed loop
-  through Envoy; the endpoints are cheap stub pods in one Envoy, see `bench/stubpods.py`), with
-  response bodies through the EPP (the reference's Envoy config) and kept off it (NONE).
+  through Envoy; the endpoints are cheap stub pods in one Envoy, see `bench/stubpods.py`), and
+  its CPU per request.
+- pick: the scheduling cycle alone, in-process (no gRPC): µs per candidate at 10 and 100
+  candidates with the default (predicted-latency) profile, and a whole request through the
+  director (admission, pick, accounting, trace, metrics).
 - prompt: CPU per request for 8k- and 100k-token prompts, with the default prefix matching (the
   first 256 blocks) and with matching over the whole prompt.
 - scrape: CPU to scrape 10 and 100 pods at the default 50 ms interval with vLLM-sized pages and no
-  traffic, against the same EPP with scraping slowed to once an hour.
-- tokens: inter-token latency and EPP CPU per streamed chunk with response bodies through the
-  EPP (FULL_DUPLEX_STREAMED) and off it (NONE), same EPP, same pods, alternating; Envoy without
-  the EPP as the floor.
+  traffic, in the scraper process against the in-loop scraper (`--scrape-in-process`), in the
+  same run, with pages whose numbers move on every scrape (`bench/moving_pages.py`) and with
+  static ones (which back off); and the metrics' age as the EPP exposes it.
+- tokens: inter-token latency and EPP CPU per streamed chunk on both Envoy configs, same EPP,
+  same pods, alternating; Envoy without the EPP as the floor.
+- floor: the same loads against an ext_proc server that does nothing (`bench/grpc_floor.py`):
+  the CPU gRPC in Python costs per request and per chunk before the EPP does any work.
 """
 
 from __future__ import annotations
@@ -44,8 +54,15 @@ from bench.stubpods import StubPods
 from bench.workloads import COMPLETION, WORDS, Planned
 from epp.local.envoy import EnvoyConfig, EnvoyProcess
 
-FULL = "FULL_DUPLEX_STREAMED"
-NONE = "NONE"
+SHIPPED = "shipped"  # responses off the EPP, the observer filter (EnvoyConfig's default)
+REFERENCE = "reference"  # every response chunk through the EPP
+FULL, NONE = REFERENCE, SHIPPED  # the names other benchmarks import
+
+
+def envoy_config(listen: int, admin: int, grpc_port: int, mode: str) -> EnvoyConfig:
+    if mode == REFERENCE:
+        return EnvoyConfig(listen, admin, grpc_port, epp_tls=True, response_body_mode="FULL_DUPLEX_STREAMED")
+    return EnvoyConfig(listen, admin, grpc_port, epp_tls=True)
 
 FULL_MATCH_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -76,14 +93,35 @@ dataLayer:
 class Epp:
     proc: subprocess.Popen[bytes]
     grpc_port: int
+    metrics_port: int = 0
     envoys: dict[str, EnvoyProcess] = field(default_factory=dict)
 
+    def children(self) -> list[int]:
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in text.split()]
+
     def cpu(self) -> float:
+        """The EPP's CPU seconds, its scraper process's included."""
+        return self.main_cpu() + self.child_cpu()
+
+    def main_cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
+
+    def child_cpu(self) -> float:
+        total = 0.0
+        for pid in self.children():
+            try:
+                total += cpu_seconds(pid)
+            except OSError:
+                pass
+        return total
 
 
 @contextmanager
-def epp_stack(endpoints: list[str], tag: str, modes: tuple[str, ...] = (FULL, NONE),
+def epp_stack(endpoints: list[str], tag: str, modes: tuple[str, ...] = (SHIPPED, REFERENCE),
               extra: tuple[str, ...] = (), config_text: str = "") -> Iterator[Epp]:
     """An `epp serve` process over `endpoints` with one Envoy per response body mode."""
     grpc_port, health, metrics = free_ports(3)
@@ -97,12 +135,12 @@ def epp_stack(endpoints: list[str], tag: str, modes: tuple[str, ...] = (FULL, NO
         tmp.close()
         args += ["--config-file", tmp.name]
     proc = start_process(epp_command(*args), f"cost-{tag}-epp")
-    epp = Epp(proc, grpc_port)
+    epp = Epp(proc, grpc_port, metrics)
     try:
         wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=proc)
         for mode in modes:
             listen, admin = free_ports(2)
-            envoy = EnvoyProcess(EnvoyConfig(listen, admin, grpc_port, epp_tls=True, response_body_mode=mode))
+            envoy = EnvoyProcess(envoy_config(listen, admin, grpc_port, mode))
             epp.envoys[mode] = envoy
             envoy.start()
         time.sleep(0.5)
@@ -140,38 +178,44 @@ async def part_rate(args: argparse.Namespace) -> list[str]:
     bodies = prompt_bodies(rng, 200, 2000)
     lines = ["## Highest request rate of one EPP process", "",
              f"Closed loop, {args.concurrency} concurrent clients, {args.duration:g} s per path, two alternating "
-             "rounds; distinct ~200-token prompts, max_tokens 1; endpoints are stub pods (Envoy direct responses) "
-             "that the EPP also scrapes every 50 ms. `EPP CPU` is the EPP process's CPU time ÷ wall time; "
-             "`CPU/req` its CPU time per request, so 1 / (CPU/req) is the rate one fully busy core would sustain.", "",
-             "| endpoints | path | req/s | p50 ms | p99 ms | errors | EPP CPU (cores) | EPP CPU/req | 1 core would do |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "rounds; distinct ~200-token prompts, max_tokens 1 (not streamed); endpoints are stub pods (Envoy "
+             "direct responses) that the EPP also scrapes every 50 ms. `EPP CPU` is the EPP's CPU time ÷ wall "
+             "time (its request-path process and its scraper process); `CPU/req` the request-path process's CPU "
+             "time per request (scraping is not in it: it runs in the scraper process), so 1 / (CPU/req) is the "
+             "rate one fully busy core would sustain. Goal: ≤ 0.5 ms at 10 endpoints, ≤ 1 ms at 100.", "",
+             "| endpoints | path | req/s | p50 ms | p99 ms | errors | EPP CPU (cores) | CPU/req (request path) | "
+             "1 core would do |", "|---|---|---|---|---|---|---|---|---|"]
     for n in args.endpoints:
         log(f"rate: {n} endpoints")
         with StubPods(n) as stubs, epp_stack(stubs.addresses, f"rate{n}") as epp, plain_envoy(stubs.addresses) as bare:
-            paths = {f"envoy + epp ({FULL})": epp.envoys[FULL].url, f"envoy + epp ({NONE})": epp.envoys[NONE].url,
-                     "envoy only": bare.url}
+            paths = {f"envoy + epp ({SHIPPED})": epp.envoys[SHIPPED].url,
+                     f"envoy + epp ({REFERENCE})": epp.envoys[REFERENCE].url, "envoy only": bare.url}
             for url in paths.values():
                 await closed_loop(url + "/v1/completions", bodies, 4, 0.5)
-            merged: dict[str, tuple[LoadResult, float, float]] = {}
+            merged: dict[str, tuple[LoadResult, float, float, float]] = {}
             for _ in range(2):
                 for name, url in paths.items():
-                    c0, t0 = epp.cpu(), time.perf_counter()
+                    c0, m0, t0 = epp.cpu(), epp.main_cpu(), time.perf_counter()
                     r = await closed_loop(url + "/v1/completions", bodies, args.concurrency, args.duration)
-                    c1, t1 = epp.cpu(), time.perf_counter()
+                    c1, m1, t1 = epp.cpu(), epp.main_cpu(), time.perf_counter()
                     if name in merged:
-                        prev, cpu, wall = merged[name]
+                        prev, cpu, main, wall = merged[name]
                         prev.merge(r)
-                        merged[name] = (prev, cpu + c1 - c0, wall + t1 - t0)
+                        merged[name] = (prev, cpu + c1 - c0, main + m1 - m0, wall + t1 - t0)
                     else:
-                        merged[name] = (r, c1 - c0, t1 - t0)
+                        merged[name] = (r, c1 - c0, m1 - m0, t1 - t0)
                     log(f"  {name}: {r.rps:,.0f} req/s")
-            for name, (r, cpu, wall) in merged.items():
-                per = cpu / len(r.latencies) if r.latencies and "epp" in name else float("nan")
+            for name, (r, cpu, main, wall) in merged.items():
+                per = main / len(r.latencies) if r.latencies and "epp" in name else float("nan")
                 args.figures.setdefault("rate", {})[f"{n} {name}"] = {"rps": r.rps, "cpu_per_req": per,
+                                                                         "cores": cpu / wall,
                                                                          "p50": pct(r.latencies, .5)}
                 lines.append(f"| {n} | {name} | {r.rps:,.0f} | {pct(r.latencies, .5) * 1e3:.1f} | "
                              f"{pct(r.latencies, .99) * 1e3:.1f} | {r.errors} | {cpu / wall:.2f} | "
                              + (f"{per * 1e3:.2f} ms | {1 / per:,.0f} req/s |" if per == per else "– | – |"))
+            shipped, bare_r = merged[f"envoy + epp ({SHIPPED})"][0], merged["envoy only"][0]
+            lines.append(f"| {n} | **with the EPP (shipped) ÷ without** | **{shipped.rps / bare_r.rps:.2f}×** | "
+                         "| | | | | |")
     return lines
 
 
@@ -182,8 +226,8 @@ async def part_prompt(args: argparse.Namespace) -> list[str]:
     rng = random.Random(8)
     sizes = [(8_000, args.prompt_requests[0]), (100_000, args.prompt_requests[1])]
     lines = ["## CPU per request by prompt size", "",
-             "Distinct prompts (no shared prefix: every block is new to the index), Envoy + EPP with response "
-             f"bodies through the EPP, 10 stub endpoints, {args.prompt_concurrency} concurrent clients, a fixed "
+             "Distinct prompts (no shared prefix: every block is new to the index), Envoy + EPP on the shipped "
+             f"config, 10 stub endpoints, {args.prompt_concurrency} concurrent clients, a fixed "
              "number of requests. Cores per request/s equals CPU-seconds per request. The reference's successor "
              "documents about **0.5–1 core per request/s** at 100k-token prompts (its sizing guide).", "",
              "| prefix matching | prompt tokens | body KB | requests | EPP CPU/req | cores per req/s | "
@@ -191,8 +235,8 @@ async def part_prompt(args: argparse.Namespace) -> list[str]:
     with StubPods(10) as stubs:
         for label, config in (("default (first 256 blocks)", ""), ("whole prompt (maxPrefixTokensToMatch 131072)",
                                                                    FULL_MATCH_CONFIG)):
-            with epp_stack(stubs.addresses, "prompt", modes=(FULL,), config_text=config) as epp:
-                url = epp.envoys[FULL].url + "/v1/completions"
+            with epp_stack(stubs.addresses, "prompt", modes=(SHIPPED,), config_text=config) as epp:
+                url = epp.envoys[SHIPPED].url + "/v1/completions"
                 for tokens, count in sizes:
                     log(f"prompt: {tokens:,} tokens, {label}")
                     bodies = prompt_bodies(rng, tokens, count)
@@ -226,37 +270,141 @@ async def _fixed(url: str, bodies: list[bytes], concurrency: int) -> LoadResult:
     return result
 
 
+# --------------------------------------------------------------------------- the pick, in-process
+
+
+def _pick_core(n: int, seed: int):  # type: ignore[no-untyped-def]
+    """The default config's core over `n` endpoints with scraped metrics, as `epp serve` builds it."""
+    from epp.core import build_core
+    from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
+    from epp.observability.metrics import EppMetrics
+    from epp.observability.trace import DecisionTrace
+
+    rng = random.Random(seed)
+    datastore = Datastore()
+    core = build_core(datastore, None, tick=0.05, metrics=EppMetrics(datastore), trace=DecisionTrace(), seed=seed)
+    for i in range(n):
+        ep = datastore.upsert(EndpointSpec(f"pod-{i}", f"10.1.{i // 250}.{i % 250}", 8000))
+        ep.update_metrics(EndpointMetrics(
+            waiting_queue_size=rng.randint(0, 4), running_requests=rng.randint(0, 20),
+            kv_cache_usage=rng.random() * 0.6, models=frozenset({MODEL}), cache_block_size=16,
+            cache_num_blocks=4096, update_time=datastore.clock()))
+    return datastore, core
+
+
+async def part_pick(args: argparse.Namespace) -> list[str]:
+    from epp.api.request import parse_request
+
+    lines = ["## The pick alone (in-process, no gRPC)", "",
+             "The default profile (predicted-latency: approximate prefix producer, predicted-latency producer, "
+             "SLO filter, latency scorer, max-score picker) over endpoints with scraped metrics and a ledger of "
+             f"outstanding requests (2 per endpoint, booked by earlier picks); {args.pick_requests} distinct "
+             "~200-token prompts. `pick` is `Scheduler.schedule`; `request` is the director's whole request "
+             "(admission, pick, accounting, decision trace, metrics) and its release. Goal: the pick ≤ 20 µs "
+             "per candidate (100 candidates ≤ 2 ms).", "",
+             "| candidates | pick | per candidate | request (director) |", "|---|---|---|---|"]
+    for n in args.endpoints:
+        datastore, core = _pick_core(n, seed=3)
+        rng = random.Random(4)
+        bodies = prompt_bodies(rng, 200, args.pick_requests + 2 * n)
+
+        def parsed(i: int, body: bytes):  # type: ignore[no-untyped-def]
+            return parse_request(body, path="/v1/completions", request_id=str(i), headers={})
+
+        for i, body in enumerate(bodies[:2 * n]):  # outstanding work on every endpoint
+            await core.director.handle_request(parsed(i, body))
+        requests = [parsed(i, b) for i, b in enumerate(bodies[2 * n:])]
+        candidates = list(datastore.endpoints())
+        scheduler = core.config.scheduler
+        half = len(requests) // 2
+        t0 = time.perf_counter()
+        for request in requests[:half]:
+            scheduler.schedule(request, candidates)
+        t1 = time.perf_counter()
+        for request in requests[half:]:
+            _, record = await core.director.handle_request(request)
+            core.director.release(record)
+        t2 = time.perf_counter()
+        pick = (t1 - t0) / half
+        whole = (t2 - t1) / (len(requests) - half)
+        args.figures.setdefault("pick", {})[str(n)] = {"pick": pick, "per_candidate": pick / n, "request": whole}
+        lines.append(f"| {n} | {pick * 1e6:,.0f} µs | {pick / n * 1e6:.1f} µs | {whole * 1e6:,.0f} µs |")
+    return lines
+
+
 # --------------------------------------------------------------------------- scraping
 
 
+def _ages(metrics_port: int) -> tuple[list[float], list[float]]:
+    """Every endpoint's metrics age and scrape interval, as the EPP's /metrics shows them now."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    ages: list[float] = []
+    intervals: list[float] = []
+    for family in text_string_to_metric_families(text):
+        if family.name == "inference_pool_endpoint_metrics_age_seconds":
+            ages += [s.value for s in family.samples if s.value >= 0]
+        elif family.name == "inference_pool_endpoint_scrape_interval_seconds":
+            intervals += [s.value for s in family.samples]
+    return ages, intervals
+
+
 async def part_scrape(args: argparse.Namespace) -> list[str]:
+    from bench.moving_pages import MovingPages
+
     lines = ["## Scraping cost (no traffic)", "",
-             f"The EPP scrapes every endpoint's /metrics (a {_page_kb()} KB vLLM page) every 50 ms (the "
-             f"default); measured over {args.scrape_seconds:g} s after a {args.settle:g} s settle, against the same EPP with "
-             "`--refresh-metrics-interval 1h` (no scraping). The reference's successor reports about **7.5 cores "
-             "at 100 model pods** from scraping.", "",
-             "| endpoints | interval | scrapes/s (target) | EPP CPU (cores) | CPU per scrape |", "|---|---|---|---|---|"]
+             f"The EPP scrapes every endpoint's /metrics (a {_page_kb()} KB vLLM page) every 50 ms (the default) "
+             f"for {args.scrape_seconds:g} s after a {args.settle:g} s settle. `moving`: pages whose queue, KV "
+             "use and counters change on every scrape (a busy pod); `static`: the same page every time (an idle "
+             "pod; the scraper backs off to 100 ms). `in-loop` is `--scrape-in-process` (today's scraper on the "
+             "request loop), `process` the default (a scraper process publishing through shared memory); CPU is "
+             "the EPP's main process plus its scraper process. Age: `inference_pool_endpoint_metrics_age_seconds` "
+             f"sampled {args.age_samples} times over the window. The reference's successor reports about "
+             "**7.5 cores at 100 model pods** from scraping. Goal: 100 pods every 50 ms ≤ 0.15 core, age unchanged.",
+             "", "| endpoints | pages | scraper | scrapes/s | EPP CPU (cores) | of which scraper process | CPU per "
+             "scrape | age mean ms | age p99 ms | interval mean ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n in args.endpoints:
-        with StubPods(n) as stubs:
-            for interval in ("50ms", "1h"):
-                log(f"scrape: {n} endpoints, interval {interval}")
-                with epp_stack(stubs.addresses, f"scrape{n}", modes=(),
-                               extra=("--refresh-metrics-interval", interval)) as epp:
-                    await asyncio.sleep(args.settle)
-                    s0, c0, t0 = stubs.requests_served(), epp.cpu(), time.perf_counter()
-                    await asyncio.sleep(args.scrape_seconds)
-                    s1, c1, t1 = stubs.requests_served(), epp.cpu(), time.perf_counter()
-                wall = t1 - t0
-                rate = (s1 - s0) / wall
-                cores = (c1 - c0) / wall
-                args.figures.setdefault("scrape", {})[f"{n} {interval}"] = {"scrapes": rate, "cores": cores}
-                target = n * 20 if interval == "50ms" else 0
-                if interval == "50ms" and rate:
-                    per = (c1 - c0) / (s1 - s0)
-                    cells = f"{per * 1e6:,.0f} µs |"
-                else:
-                    cells = "– |"
-                lines.append(f"| {n} | {interval} | {rate:,.0f} ({target:,}) | {cores:.3f} | {cells}")
+        for pages in ("moving", "static"):
+            source = MovingPages(n) if pages == "moving" else StubPods(n)
+            with source as pods:
+                for mode in ("in-loop", "process"):
+                    log(f"scrape: {n} endpoints, {pages} pages, {mode}")
+                    extra = ("--scrape-in-process",) if mode == "in-loop" else ()
+                    with epp_stack(pods.addresses, f"scrape{n}", modes=(), extra=extra) as epp:
+                        await asyncio.sleep(args.settle)
+                        s0, c0, k0, t0 = pods.requests_served(), epp.cpu(), epp.child_cpu(), time.perf_counter()
+                        ages: list[float] = []
+                        intervals: list[float] = []
+                        for _ in range(args.age_samples):
+                            await asyncio.sleep(args.scrape_seconds / args.age_samples)
+                            a, i = _ages(epp.metrics_port)
+                            ages += a
+                            intervals += i
+                        s1, c1, k1, t1 = pods.requests_served(), epp.cpu(), epp.child_cpu(), time.perf_counter()
+                    wall = t1 - t0
+                    rate = (s1 - s0) / wall
+                    cores = (c1 - c0) / wall
+                    child = (k1 - k0) / wall
+                    per = (c1 - c0) / (s1 - s0) if s1 > s0 else float("nan")
+                    key = f"{n} {pages} {mode}"
+                    args.figures.setdefault("scrape", {})[key] = {
+                        "scrapes": rate, "cores": cores, "child_cores": child, "per_scrape": per,
+                        "age_mean": sum(ages) / len(ages) if ages else float("nan"), "age_p99": pct(ages, .99),
+                        "interval_mean": sum(intervals) / len(intervals) if intervals else float("nan")}
+                    f = args.figures["scrape"][key]
+                    lines.append(f"| {n} | {pages} | {mode} | {rate:,.0f} | {cores:.3f} | {child:.3f} | "
+                                 f"{per * 1e6:,.0f} µs | {f['age_mean'] * 1e3:.1f} | {f['age_p99'] * 1e3:.1f} | "
+                                 f"{f['interval_mean'] * 1e3:.0f} |")
+        base = args.figures["scrape"].get(f"{n} moving in-loop")
+        new = args.figures["scrape"].get(f"{n} moving process")
+        if base and new:
+            lines.append(f"| {n} | moving | **process ÷ in-loop** | | **{new['cores'] / base['cores']:.2f}×** | | "
+                         f"**{new['per_scrape'] / base['per_scrape']:.2f}×** | "
+                         f"**{new['age_mean'] / base['age_mean']:.2f}×** | | |")
     return lines
 
 
@@ -288,19 +436,21 @@ async def _stream_loop(url: str, concurrency: int, duration: float, max_tokens: 
 
 
 async def part_tokens(args: argparse.Namespace) -> list[str]:
-    lines = ["## The token path: response bodies through the EPP or not", "",
+    lines = ["## The token path", "",
              f"2 simulated pods (H100 step times, real time), {args.stream_concurrency} concurrent streams of "
              f"{args.stream_tokens} tokens, {args.duration:g} s per path, two alternating rounds, one EPP behind "
-             "two Envoys that differ only in `response_body_mode`. ITL = gap between SSE token events at the "
-             "client. With NONE the EPP still learns when each request ends (the ext_proc stream closes) and "
-             "releases its in-flight count, but does not see `usage`.", "",
-             "| path | streams done | token events | ITL p50 ms | ITL p99 ms | TTFT p50 ms | EPP CPU (cores) | "
-             "EPP CPU per chunk |", "|---|---|---|---|---|---|---|---|"]
+             "two Envoys: `shipped` (responses never wait on the EPP; the observer filter reports each streamed "
+             "response's first token, usage and end) and `reference` (every chunk through the EPP); Envoy "
+             "without the EPP as the floor. ITL = gap between SSE token events at the client; `added` is the "
+             "difference to Envoy alone in the same run. EPP CPU per chunk includes the per-request work spread "
+             "over the chunks. Goal on the shipped config: ITL added ≤ 0.1 ms p99.", "",
+             "| path | streams done | token events | ITL p50 ms | ITL p99 ms | ITL p99 added ms | TTFT p50 ms | "
+             "EPP CPU (cores) | EPP CPU per chunk |", "|---|---|---|---|---|---|---|---|---|"]
     spec = PodSpec(count=2, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
     with Pods(spec, "cost-tokens") as sims, epp_stack(sims.addresses, "tokens") as epp, \
             plain_envoy(sims.addresses) as bare:
-        paths = {f"envoy + epp ({FULL})": epp.envoys[FULL].url, f"envoy + epp ({NONE})": epp.envoys[NONE].url,
-                 "envoy only": bare.url}
+        paths = {f"envoy + epp ({SHIPPED})": epp.envoys[SHIPPED].url,
+                 f"envoy + epp ({REFERENCE})": epp.envoys[REFERENCE].url, "envoy only": bare.url}
         acc: dict[str, tuple[list[Outcome], float, float]] = {name: ([], 0.0, 0.0) for name in paths}
         for _ in range(2):
             for name, url in paths.items():
@@ -310,22 +460,98 @@ async def part_tokens(args: argparse.Namespace) -> list[str]:
                 c1, t1 = epp.cpu(), time.perf_counter()
                 prev, cpu, wall = acc[name]
                 acc[name] = (prev + outs, cpu + c1 - c0, wall + t1 - t0)
+        floor = pct([g for o in acc["envoy only"][0] if o.ok for g in o.itls], .99)
         for name, (outs, cpu, wall) in acc.items():
             ok = [o for o in outs if o.ok]
             itls = [g for o in ok for g in o.itls]
             chunks = sum(o.tokens for o in outs)
             per = f"{cpu / chunks * 1e6:,.0f} µs" if chunks and "epp" in name else "–"
+            added = f"{(pct(itls, .99) - floor) * 1e3:.2f}" if "epp" in name else "–"
             args.figures.setdefault("tokens", {})[name] = {
-                "itl_p50": pct(itls, .5), "itl_p99": pct(itls, .99), "cores": cpu / wall,
-                "cpu_per_chunk": cpu / chunks if chunks else float("nan")}
+                "itl_p50": pct(itls, .5), "itl_p99": pct(itls, .99), "itl_p99_added": pct(itls, .99) - floor,
+                "cores": cpu / wall, "cpu_per_chunk": cpu / chunks if chunks else float("nan")}
             lines.append(f"| {name} | {len(ok)} | {chunks:,} | {pct(itls, .5) * 1e3:.2f} | {pct(itls, .99) * 1e3:.2f} | "
-                         f"{pct([o.ttft for o in ok], .5) * 1e3:.1f} | {cpu / wall:.2f} | {per} |")
+                         f"{added} | {pct([o.ttft for o in ok], .5) * 1e3:.1f} | {cpu / wall:.2f} | {per} |")
+    return lines
+
+
+# --------------------------------------------------------------------------- the gRPC floor
+
+
+@contextmanager
+def floor_server(endpoints: list[str]) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """`bench.grpc_floor`: an ext_proc server that does nothing but answer (no TLS)."""
+    import sys as _sys
+
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        port_file = Path(tmp) / "port"
+        proc = start_process([_sys.executable, "-m", "bench.grpc_floor", str(port_file), *endpoints], "grpc-floor")
+        try:
+            deadline = time.monotonic() + 30
+            while not port_file.exists() or not port_file.read_text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the gRPC floor server did not start")
+                time.sleep(0.05)
+            yield proc, int(port_file.read_text())
+        finally:
+            stop_process(proc)
+
+
+async def part_floor(args: argparse.Namespace) -> list[str]:
+    lines = ["## The floor: an ext_proc server that does nothing", "",
+             "`bench/grpc_floor.py` speaks the protocol on the EPP's stack (grpc.aio on uvloop, one process, no "
+             "TLS) and only answers: the destination, the body re-streamed, response chunks echoed on the "
+             "reference config, nothing to an observer (run, as with the EPP, for streamed requests only). Same "
+             "clients, stubs and pods as above. What the EPP costs above this row is its own work.", "",
+             "| load | Envoy config | rate | server CPU per request / chunk |", "|---|---|---|---|"]
+    rng = random.Random(5)
+    bodies = prompt_bodies(rng, 200, 500)
+    with StubPods(10) as stubs, floor_server(stubs.addresses) as (proc, port):
+        envoys: dict[str, EnvoyProcess] = {}
+        try:
+            for mode in (SHIPPED, REFERENCE):
+                listen, admin = free_ports(2)
+                envoys[mode] = EnvoyProcess(EnvoyConfig(listen, admin, port, **(
+                    {"response_body_mode": "FULL_DUPLEX_STREAMED"} if mode == REFERENCE else {})))
+                envoys[mode].start()
+            for mode, envoy in envoys.items():
+                url = envoy.url + "/v1/completions"
+                await closed_loop(url, bodies, 4, 0.3)
+                c0 = cpu_seconds(proc.pid)
+                r = await closed_loop(url, bodies, args.concurrency, args.duration)
+                per = (cpu_seconds(proc.pid) - c0) / max(1, len(r.latencies))
+                args.figures.setdefault("floor", {})[f"requests {mode}"] = per
+                lines.append(f"| small requests, 10 stubs | {mode} | {r.rps:,.0f} req/s | {per * 1e3:.2f} ms |")
+        finally:
+            for envoy in envoys.values():
+                envoy.close()
+    spec = PodSpec(count=2, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
+    with Pods(spec, "cost-floor") as sims, floor_server(sims.addresses) as (proc, port):
+        envoys = {}
+        try:
+            for mode in (SHIPPED, REFERENCE):
+                listen, admin = free_ports(2)
+                envoys[mode] = EnvoyProcess(EnvoyConfig(listen, admin, port, **(
+                    {"response_body_mode": "FULL_DUPLEX_STREAMED"} if mode == REFERENCE else {})))
+                envoys[mode].start()
+            for mode, envoy in envoys.items():
+                c0 = cpu_seconds(proc.pid)
+                outs = await _stream_loop(envoy.url, args.stream_concurrency, args.duration, args.stream_tokens)
+                chunks = sum(o.tokens for o in outs)
+                per = (cpu_seconds(proc.pid) - c0) / max(1, chunks)
+                args.figures.setdefault("floor", {})[f"tokens {mode}"] = per
+                lines.append(f"| {args.stream_concurrency} streams × {args.stream_tokens} tokens | {mode} | "
+                             f"{chunks:,} chunks | {per * 1e6:,.0f} µs per chunk |")
+        finally:
+            for envoy in envoys.values():
+                envoy.close()
     return lines
 
 
 # --------------------------------------------------------------------------- CLI
 
-PARTS = {"rate": part_rate, "prompt": part_prompt, "scrape": part_scrape, "tokens": part_tokens}
+PARTS = {"rate": part_rate, "pick": part_pick, "prompt": part_prompt, "scrape": part_scrape, "tokens": part_tokens,
+         "floor": part_floor}
 
 
 async def measure(args: argparse.Namespace) -> str:
@@ -351,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests at 8k and 100k tokens")
     parser.add_argument("--prompt-concurrency", type=int, default=2)
     parser.add_argument("--scrape-seconds", type=float, default=8.0)
+    parser.add_argument("--age-samples", type=int, default=8, help="metrics-age samples per scrape window")
+    parser.add_argument("--pick-requests", type=int, default=600, help="requests per in-process pick measurement")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before a scrape measurement starts")
     parser.add_argument("--stream-concurrency", type=int, default=16)
     parser.add_argument("--stream-tokens", type=int, default=200)
@@ -361,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown parts {unknown}; known: {', '.join(PARTS)}")
     if args.quick:
-        args.duration, args.scrape_seconds, args.prompt_requests = 2.0, 3.0, [40, 8]
+        args.duration, args.scrape_seconds, args.prompt_requests, args.pick_requests = 2.0, 3.0, [40, 8], 200
     try:
         report = asyncio.run(measure(args))
     except KeyboardInterrupt:

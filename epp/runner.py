@@ -1,7 +1,10 @@
 """The composition root: builds a running EPP from `Options` and tears it down cleanly.
 
 Tests and the demo use `EndpointPicker` in-process (ports may be 0 to pick free ones); `epp serve`
-runs one until SIGINT/SIGTERM.
+runs one until SIGINT/SIGTERM — or, with `--workers N` > 1, a supervisor (`epp.scale.supervisor`)
+runs N of them as request-path workers sharing the gRPC port and one view of the pool, each an
+`EndpointPicker` with a `PodRole`: its health, metrics and admin servers are then internal and
+the supervisor serves the pod's.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from aiohttp import web
 
 from epp.config.defaults import PRESETS
 from epp.config.loader import LoadedConfig
-from epp.config.options import Options
+from epp.config.options import Options, available_cpus
 from epp.core import build_core
 from epp.datalayer.kv_subscriber import KVEventSubscriber
+from epp.datalayer.scrape_process import ScraperProcess
 from epp.datalayer.scraper import MetricsScraper
 from epp.datalayer.token_producer import TokenProducer
 from epp.datastore import Datastore
@@ -39,8 +43,27 @@ from grpc_health.v1 import health_pb2_grpc
 
 if TYPE_CHECKING:
     from epp.discovery.leader import LeaderElector
+    from epp.scale.member import Member, PodRole, PodState
+    from epp.scale.board_reader import BoardReader
+    from epp.scale.observe import Relay
+    from epp.scale.dispatcher import DispatchServer, RemoteDirector
+    from epp.scale.replicas import ReplicaLink
+    from epp.shm import Segment
 
 log = logging.getLogger("epp")
+
+
+def max_scrape_interval(options: Options, config: LoadedConfig) -> float:
+    """How far an endpoint whose metrics do not move may back off: half the shortest staleness
+    threshold a plugin applies (so backing off never makes a pod look stale), at most four
+    intervals."""
+    interval = options.refresh_metrics_interval
+    thresholds = [float(t) for p in config.plugins.values()
+                  if isinstance(t := getattr(p, "metrics_staleness_threshold", None), (int, float))]
+    detector = config.saturation_detector
+    if isinstance(t := getattr(detector, "metrics_staleness_threshold", None), (int, float)):
+        thresholds.append(float(t))
+    return max(interval, min([4 * interval, *(t / 2 for t in thresholds)]))
 
 
 def discovery_from_options(options: Options) -> Discovery:
@@ -69,8 +92,10 @@ def config_text(options: Options) -> str | None:
 
 
 class EndpointPicker:
-    def __init__(self, options: Options, discovery: Discovery | None = None, datastore: Datastore | None = None) -> None:
+    def __init__(self, options: Options, discovery: Discovery | None = None, datastore: Datastore | None = None,
+                 role: PodRole | None = None) -> None:
         self.options = options
+        self.role = role
         self.datastore = datastore or Datastore()
         self.datastore.pool.name = options.pool_name
         self.datastore.pool.namespace = options.pool_namespace
@@ -90,18 +115,50 @@ class EndpointPicker:
         self.kv_subscribers: list[KVEventSubscriber] = []
         self.admission = core.admission
         self.director = core.director
-        self.extproc = ExternalProcessor(self.director, max_body_bytes=options.max_request_body_bytes,
+        self.state: PodState | None = None
+        self.member: Member | None = None
+        self.replicas: ReplicaLink | None = None
+        self.remote: RemoteDirector | None = None  # a worker handing its requests to the dispatcher
+        self._own_segment: Segment | None = None  # a single-process replica's own shared state
+        self._share_state(options, role)
+        self.extproc = ExternalProcessor(self.remote or self.director,
+                                         max_body_bytes=options.max_request_body_bytes,
                                          debug_header=options.debug_decision_header)
-        self.scraper: MetricsScraper | None = None
+        self.scraper: MetricsScraper | ScraperProcess | BoardReader | None = None
+        self.relay: Relay | None = None  # a pod's worker: observer streams for the other workers' picks
         self.leader: LeaderElector | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health: grpc.aio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._admin: grpc.aio.Server | None = None
+        self._dispatch: DispatchServer | None = None
         self.grpc_port = 0
         self.health_port = 0
         self.metrics_port = 0
         self.admin_port = 0
+
+    def _share_state(self, options: Options, role: PodRole | None) -> None:
+        """With several workers or replicas: hook the core into the pod's shared state. A worker
+        of a pod with flow control talks to the dispatcher, which holds the pod's one set of
+        queues, through `self.remote`."""
+        if role is None and not options.replicas_url:
+            return  # one process, one replica: exactly as ever
+        from epp.scale.member import Member, PodLayout, PodState
+
+        if role is None:  # one process with replicas: a pod of one worker and the replica link
+            layout, self._own_segment = PodLayout.create(1, replica_link=True)
+            self.state = PodState(layout, self._own_segment)
+            member = 0
+        else:
+            self.state = PodState(role.layout)
+            member = role.member
+        self.member = Member(self.state, member, self.core)
+        self.member.install()
+        self.metrics.registry.register(self.member)
+        if role is not None and role.dispatch_socket and not role.dispatcher:
+            from epp.scale.dispatcher import RemoteDirector
+
+            self.remote = RemoteDirector(self.director, role.dispatch_socket, counted=self.member.count_pick)
 
     def _queues(self) -> list[QueueInfo]:
         """Flow-control queues per band and flow (band rows carry the oldest request's age)."""
@@ -119,8 +176,13 @@ class EndpointPicker:
         return rows
 
     def ready(self) -> bool:
-        """Synced with the pool and, with leader election, the leader (gie-epp §1.9)."""
-        return self.datastore.synced and (self.leader is None or self.leader.is_leader)
+        """Synced with the pool and, with leader election, the leader (gie-epp §1.9). Active-active
+        replicas (`--replicas-url`) are ready without leading; a worker of a multi-process pod
+        answers what its supervisor decided for the pod."""
+        if self.role is not None and self.member is not None:
+            return self.member.pod_ready
+        leading = self.leader is None or self.leader.is_leader or bool(self.options.replicas_url)
+        return self.datastore.synced and leading
 
     def log_config(self) -> None:
         """Nothing about the config is silent: its warnings, then (at -v=2, the default level)
@@ -132,9 +194,11 @@ class EndpointPicker:
 
     async def start(self) -> None:
         o = self.options
-        self.log_config()
+        role = self.role
+        if role is None:
+            self.log_config()  # a pod's supervisor logs it once for all its workers
         await self.discovery.start(self.datastore)
-        if o.ha_enable_leader_election:
+        if o.ha_enable_leader_election and role is None:  # a pod elects once, in its supervisor
             from epp.discovery.leader import leader_elector
 
             self.leader = leader_elector(
@@ -143,36 +207,57 @@ class EndpointPicker:
                 retry_period=o.ha_retry_period)
             await self.leader.start()
         if self.config.data_source is not None:
-            self.scraper = MetricsScraper(
-                self.datastore, self.config.data_source, self.config.extractor, interval=o.refresh_metrics_interval
-            )
-            await self.scraper.start()
-            self.metrics.set_scrape_stats_source(self.scraper.all_stats)
-        await self.admission.start()
+            await self._start_scraper()
+        hands_off = role is not None and bool(role.dispatch_socket) and not role.dispatcher
+        if not hands_off:  # a worker that hands its requests to the dispatcher queues nothing itself
+            await self.admission.start()
         await self._start_kv_events()
 
         health = HealthServicer(self.ready)
-        self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        add_to_server(self.extproc, self._grpc)
-        if o.health_checking:
-            health_pb2_grpc.add_HealthServicer_to_server(health, self._grpc)
-        address = f"{o.bind_address}:{o.grpc_port}"
-        if o.secure_serving:
-            self.grpc_port = self._grpc.add_secure_port(address, server_credentials(o.cert_path, o.enable_cert_reload))
-        else:
-            self.grpc_port = self._grpc.add_insecure_port(address)
-        await self._grpc.start()
+        internal = "127.0.0.1"  # a pod's workers: health, metrics and admin are the supervisor's to serve
+        if role is not None and role.dispatcher:
+            from epp.scale.dispatcher import DispatchServer
 
-        self._health = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        health_pb2_grpc.add_HealthServicer_to_server(health, self._health)
-        self.health_port = self._health.add_insecure_port(f"{o.bind_address}:{o.grpc_health_port}")
-        await self._health.start()
+            self._dispatch = DispatchServer(self.director, role.dispatch_socket,
+                                            max_body_bytes=o.max_request_body_bytes,
+                                            debug_header=o.debug_decision_header)
+            await self._dispatch.start()
+        else:
+            if role is not None and role.directory:  # observer streams may land on any worker
+                from epp.scale.observe import MemberHandoff, Relay
+
+                self.relay = Relay(role.directory, role.member)
+                self.extproc.handoff = MemberHandoff(role.member, self.relay)
+                if self.member is not None:
+                    self.member.relay = self.relay
+                await self.relay.start(self.extproc.handoff)
+            reuse = 1 if role is not None else 0
+            self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", reuse)])
+            add_to_server(self.extproc, self._grpc)
+            if o.health_checking:
+                health_pb2_grpc.add_HealthServicer_to_server(health, self._grpc)
+            address = f"{o.bind_address}:{role.grpc_port if role is not None else o.grpc_port}"
+            if o.secure_serving:
+                self.grpc_port = self._grpc.add_secure_port(address, server_credentials(o.cert_path,
+                                                                                        o.enable_cert_reload))
+            else:
+                self.grpc_port = self._grpc.add_insecure_port(address)
+            await self._grpc.start()
+
+        if role is None:
+            self._health = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(health, self._health)
+            self.health_port = self._health.add_insecure_port(f"{o.bind_address}:{o.grpc_health_port}")
+            await self._health.start()
 
         token = Path(o.metrics_bearer_token_file).read_text().strip() if o.metrics_bearer_token_file else ""
-        self._metrics_runner = await start_metrics_server(self.metrics, o.bind_address, o.metrics_port, token)
+        if role is not None:
+            self._metrics_runner = await start_metrics_server(self.metrics, internal, 0)
+        else:
+            self._metrics_runner = await start_metrics_server(self.metrics, o.bind_address, o.metrics_port, token)
         self.metrics_port = self._metrics_runner.addresses[0][1]
 
-        if o.admin_port >= 0:
+        if o.admin_port >= 0 or role is not None:
             detector = self.config.saturation_detector
             sources = StatusSources(
                 datastore=self.datastore, ready=self.ready, trace=self.trace, queues=self._queues,
@@ -181,12 +266,51 @@ class EndpointPicker:
             )
             self._admin = grpc.aio.server()
             add_admin_to_server(AdminServicer(sources), self._admin)
-            self.admin_port = self._admin.add_insecure_port(f"{o.admin_bind_address}:{o.admin_port}")
+            admin_address = f"{internal}:0" if role is not None else f"{o.admin_bind_address}:{o.admin_port}"
+            self.admin_port = self._admin.add_insecure_port(admin_address)
             await self._admin.start()
+        if self.member is not None:
+            self.member.set_started(self.metrics_port, self.admin_port)
+            await self.member.start(min(o.refresh_metrics_interval, 1.0))
+        if o.replicas_url and role is None:  # one process: it is its own link to the other replicas
+            await self._start_replicas()
         log.info("endpoint picker started", extra={"grpc_port": self.grpc_port, "health_port": self.health_port,
                                                    "metrics_port": self.metrics_port, "admin_port": self.admin_port,
-                                                   "secure": o.secure_serving,
+                                                   "secure": o.secure_serving, "member": role.member if role else -1,
                                                    "endpoints": len(self.datastore.endpoints())})
+
+    async def _start_replicas(self) -> None:
+        from epp.scale.replicas import ReplicaLink, replica_settings
+
+        assert self.state is not None
+        self.replicas = ReplicaLink(self.state, replica_settings(self.options), self.datastore.clock,
+                                    registry=self.metrics.registry)
+        await self.replicas.start()
+
+    async def _start_scraper(self) -> None:
+        o = self.options
+        assert self.config.data_source is not None
+        interval, max_interval = o.refresh_metrics_interval, max_scrape_interval(o, self.config)
+        if self.role is not None and self.role.board:  # a pod's member: its supervisor scrapes
+            from epp.scale.board_reader import BoardReader
+
+            self.scraper = BoardReader(self.datastore, self.role.board)
+            self.extproc.refresh = self.scraper.sync
+            await self.scraper.start()
+            self.metrics.set_scrape_stats_source(self.scraper.all_stats)
+            return
+        if o.scrape_in_process:
+            self.scraper = MetricsScraper(self.datastore, self.config.data_source, self.config.extractor,
+                                          interval=interval, max_interval=max_interval)
+        else:
+            self.scraper = ScraperProcess(self.datastore, self.config.data_source, self.config.extractor,
+                                          interval=interval, max_interval=max_interval, log_level=o.v)
+            self.extproc.refresh = self.scraper.sync  # the freshest metrics for every pick
+        log.info("scraping model servers every %gs, backing off to %gs for endpoints whose metrics do not move",
+                 interval, max_interval, extra={"scraper": "in-process" if o.scrape_in_process else "process",
+                                                "interval": interval, "max_interval": max_interval})
+        await self.scraper.start()
+        self.metrics.set_scrape_stats_source(self.scraper.all_stats)
 
     async def _start_kv_events(self) -> None:
         """One KV-event subscriber per precise prefix producer, writing into its index."""
@@ -205,7 +329,14 @@ class EndpointPicker:
             await self.leader.stop()
         if self._grpc:
             await self._grpc.stop(grace)
+        if self._dispatch is not None:
+            await self._dispatch.stop(grace)
+        self.extproc.close()
+        if self.relay is not None:
+            self.relay.close()
         await self.admission.stop()  # after the grace period, in which queued requests may still go
+        if self._dispatch is not None:
+            await self._dispatch.close()
         if self._health:
             await self._health.stop(0)
         if self._admin:
@@ -219,10 +350,27 @@ class EndpointPicker:
         for plugin in self.config.plugins.values():
             if isinstance(plugin, TokenProducer):
                 await plugin.close()
+        if self.replicas is not None:
+            await self.replicas.stop()
+        if self.member is not None:
+            await self.member.stop()
+        if self.remote is not None:
+            await self.remote.close()
         await self.discovery.stop()
+        if self.state is not None:
+            self.state.close()
+        if self._own_segment is not None:
+            self._own_segment.close()
 
 
 async def serve(options: Options) -> None:
+    workers = options.workers or available_cpus()
+    if workers > 1:
+        from epp.scale.supervisor import serve_pod
+
+        await serve_pod(options, workers)
+        return
+    log.info("serving in one process", extra={"workers": 1})
     picker = EndpointPicker(options)
     await picker.start()
     stop = asyncio.Event()

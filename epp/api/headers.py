@@ -27,3 +27,7 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 
 # EPP → client, with --debug-decision-header.
 DEBUG_DECISION = "x-epp-decision"
+
+# EPP → its own response observer (a second ext_proc filter in observability mode, after the
+# picking one): a random token naming the request, so the observer's stream finds the pick.
+OBSERVE_TOKEN = "x-epp-observe"

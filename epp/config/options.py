@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from epp.config.defaults import DEFAULT_PRESET, PRESETS
 from epp.params import parse_duration
@@ -35,6 +38,7 @@ class Options:
     config_text: str = ""
     config_preset: str = ""  # a named built-in configuration (epp.config.defaults.PRESETS)
     refresh_metrics_interval: float = 0.05
+    scrape_in_process: bool = False  # scrape on the request path's event loop instead of a scraper process
     refresh_prometheus_metrics_interval: float = 5.0
     metrics_staleness_threshold: float = 2.0
     secure_serving: bool = True
@@ -62,6 +66,13 @@ class Options:
     metrics_bearer_token_file: str = ""
     metrics_model_names: str = ""  # comma-separated; always their own model_name label value
     metrics_max_series: int = 10_000
+    # Scale: request-path processes in this pod (0: one per core the container is given; 1: this
+    # process alone, as the in-process API and the simulator always run), and active-active
+    # replicas sharing in-flight counts and prefix picks through Redis/Valkey.
+    workers: int = 1
+    replicas_url: str = ""
+    replicas_channel: str = ""  # "" : epp:<namespace>/<pool>
+    replicas_peer_ttl: float = 3.0
     v: int = 2
 
 
@@ -83,6 +94,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default without any config: {DEFAULT_PRESET})")
     parser.add_argument("--refresh-metrics-interval", type=_duration, default=d.refresh_metrics_interval,
                         metavar="DURATION", help="model-server scrape period per endpoint (default 50ms)")
+    add_bool(parser, "--scrape-in-process", d.scrape_in_process,
+             "scrape model servers on the request path's event loop instead of in a separate scraper process "
+             "that publishes through shared memory (default false; for debugging)")
     parser.add_argument("--refresh-prometheus-metrics-interval", type=_duration,
                         default=d.refresh_prometheus_metrics_interval, metavar="DURATION",
                         help="accepted for compatibility; pool gauges are computed at scrape time")
@@ -135,6 +149,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-max-series", type=int, default=d.metrics_max_series, metavar="N",
                         help="series budget of the EPP's metrics with client- or pod-controlled labels; label sets "
                              "beyond it are counted as 'other' (default 10000; a quarter of it per metric)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="request-path processes sharing the gRPC port and one view of the pool (default 0: "
+                             "one per CPU the container is given; 1: a single process)")
+    parser.add_argument("--replicas-url", default=d.replicas_url, metavar="URL",
+                        help="active-active replicas: a Redis/Valkey URL (redis://host:6379/0, rediss:// for TLS) "
+                             "through which replicas share in-flight counts and prefix picks, in the background; "
+                             "readiness no longer waits for leadership")
+    parser.add_argument("--replicas-channel", default=d.replicas_channel, metavar="NAME",
+                        help="channel prefix of this pool's replicas (default epp:<namespace>/<pool>)")
+    parser.add_argument("--replicas-peer-ttl", type=_duration, default=d.replicas_peer_ttl, metavar="DURATION",
+                        help="a replica not heard from for this long is forgotten, its in-flight counts with it "
+                             "(default 3s)")
     parser.add_argument("--v", "-v", dest="v", type=int, default=d.v, metavar="LEVEL",
                         help="log verbosity: 1 warnings, 2 default, 3 verbose, 4 debug (decision traces), 5 trace")
 
@@ -144,4 +170,35 @@ def options_from_args(args: argparse.Namespace) -> Options:
     options = Options(**values)
     if sum(bool(x) for x in (options.config_file, options.config_text, options.config_preset)) > 1:
         raise SystemExit("error: --config-file, --config-text and --config-preset are mutually exclusive")
+    if options.workers < 0:
+        raise SystemExit("error: --workers must be >= 0")
+    if options.replicas_peer_ttl <= 0:
+        raise SystemExit("error: --replicas-peer-ttl must be > 0")
     return options
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: its affinity, bounded by the cgroup's CPU quota (rounded up),
+    which is what a Kubernetes CPU limit sets."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return max(1, cpus)
+
+
+def _cgroup_quota() -> float | None:
+    try:  # cgroup v2: "max 100000" or "<quota> <period>"
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError):
+        return None

@@ -28,7 +28,7 @@ from epp.datalayer.engines import (
     specs,
 )
 from epp.datalayer.extract import Extraction, extract_metrics
-from epp.datalayer.promparse import LineCache
+from epp.datalayer.promparse import PageMemory
 from epp.datastore import Endpoint
 from epp.plugin import Plugin
 
@@ -91,11 +91,11 @@ class CoreMetricsExtractor(Plugin):
         """The mapping for an engine name; unknown engines use the default engine's (as the reference)."""
         return self.engines.get(engine) or self._default
 
-    def extract(self, endpoint: Endpoint, body: bytes, now: float, cache: LineCache | None = None) -> Extraction:
+    def extract(self, endpoint: Endpoint, body: bytes, now: float, memory: PageMemory | None = None) -> Extraction:
         """Metrics for `endpoint` from a scrape body, on top of its current ones.
 
-        `cache` is the caller's per-endpoint line cache (see `promparse.parse_wanted`)."""
-        return extract_metrics(self.mapping_for(self.engine_of(endpoint)), body, endpoint.metrics, now, cache)
+        `memory` is the caller's per-endpoint `promparse.PageMemory`."""
+        return extract_metrics(self.mapping_for(self.engine_of(endpoint)), body, endpoint.metrics, now, memory)
 
 
 def _engine_from_config(params: Params) -> EngineMapping:

@@ -21,13 +21,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from epp.datalayer.engines import EngineMapping, Specs
-from epp.datalayer.promparse import LineCache, Sample, parse_wanted
+from epp.datalayer.promparse import PageMemory, Sample, parse_wanted
 from epp.datalayer.validate import (
     Invalid,
     block_size_error,
     count_error,
     fraction_error,
     limit_error,
+    name_bytes_error,
     names_error,
     num_blocks_error,
     total_error,
@@ -51,13 +52,58 @@ class Extraction:
 
 
 def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetrics, now: float,
-                    cache: LineCache | None = None) -> Extraction:
+                    memory: PageMemory | None = None) -> Extraction:
     """Read the mapping's metrics from a `/metrics` body. Raises `MetricsParseError`."""
-    samples = parse_wanted(body, mapping.primary, cache)
+    # An exporter that creates a gauge on its first use (TGI's): a family appearing is news at once.
+    recheck = 0 if mapping.first_use_prefix else None
+    samples = parse_wanted(body, mapping.primary, memory, recheck_absent=recheck)
     if mapping.fallback.names and (
             any(len(f) > 1 and f[0].name not in samples for f in mapping.fields())
             or (len(mapping.itl) > 1 and f"{mapping.itl[0].name}_count" not in samples)):
-        samples.update(parse_wanted(body, mapping.fallback, cache))
+        unchanged = memory is not None and memory.unchanged
+        samples.update(parse_wanted(body, mapping.fallback, memory, recheck_absent=recheck))
+        if memory is not None:
+            memory.unchanged = unchanged and memory.unchanged
+    if memory is not None:
+        if memory.unchanged and not mapping.first_use_prefix and isinstance(memory.result, _Remembered):
+            again = _again(memory.result, previous, now)
+            if again is not None:
+                memory.result = _Remembered(again, memory.result.totals, previous)
+                return again
+        result, totals = _extract(mapping, body, samples, previous, now)
+        memory.result = _Remembered(result, totals, previous)
+        return result
+    return _extract(mapping, body, samples, previous, now)[0]
+
+
+@dataclass(slots=True, frozen=True)
+class _Remembered:
+    """An extraction and what it was made from, for a page that comes back the same."""
+
+    extraction: Extraction
+    totals: tuple[float, float] | None  # the ITL histogram's (sum, count), None if absent
+    previous: EndpointMetrics
+
+
+def _again(last: _Remembered, previous: EndpointMetrics, now: float) -> Extraction | None:
+    """The extraction of a page whose wanted lines are byte-identical to the last one's, without
+    redoing it: the same values (only the scrape time moves, and an ITL window with no new
+    tokens on an idle pod reads 0), the same problems, the same invalid values. None when the
+    endpoint's metrics are not the ones that extraction left (then it is done in full)."""
+    done = last.extraction
+    if done.metrics is None:
+        return done if previous is last.previous else None
+    if previous is not done.metrics:
+        return None
+    found: dict[str, Any] = {}
+    if last.totals is not None:
+        _read_itl(last.totals, previous, found)
+    return Extraction(replace(previous, update_time=now, **found), done.problems)
+
+
+def _extract(mapping: EngineMapping, body: bytes, samples: dict[str, list[Sample]], previous: EndpointMetrics,
+             now: float) -> tuple[Extraction, tuple[float, float] | None]:
+    totals: tuple[float, float] | None = None
     found: dict[str, Any] = {}
     problems: list[str] = []
     invalid: list[Invalid] = []
@@ -106,11 +152,17 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
         if totals is not None:  # absent is not a problem: the ITL gate then treats it as unknown
             _read_itl(totals, previous, found)
 
+    if not invalid and ("models" in found or "active_models" in found or "waiting_models" in found):
+        error = name_bytes_error(found.get("models", previous.models), found.get("active_models", previous.active_models),
+                                 found.get("waiting_models", previous.waiting_models))
+        if error:
+            adapters = found.get("active_models") or found.get("waiting_models")
+            invalid.append(Invalid(mapping.lora[0].name if adapters and mapping.lora else MODEL_LABEL, error))
     if invalid:
-        return Extraction(None, tuple(problems), tuple(invalid))
+        return Extraction(None, tuple(problems), tuple(invalid)), totals
     if not found:
-        return Extraction(None, tuple(problems))
-    return Extraction(replace(previous, update_time=now, **found), tuple(problems))
+        return Extraction(None, tuple(problems)), totals
+    return Extraction(replace(previous, update_time=now, **found), tuple(problems)), totals
 
 
 def _unstarted(mapping: EngineMapping, body: bytes) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from epp.params import Params
+from epp.datalayer.http_client import Target
 from epp.datastore import EndpointSpec, join_host_port
 from epp.plugin import Plugin
 
@@ -42,3 +43,7 @@ class MetricsDataSource(Plugin):
     def url(self, spec: EndpointSpec) -> str:
         """`scheme://ip:port/path`, on the metrics port when discovery set one."""
         return f"{self.scheme}://{join_host_port(spec.ip, spec.metrics_port or spec.port)}{self.path}"
+
+    def target(self, spec: EndpointSpec) -> Target:
+        """The same place as `url`, in parts, for the scraper's client."""
+        return Target(self.scheme, spec.ip, spec.metrics_port or spec.port, self.path)

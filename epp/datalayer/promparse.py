@@ -34,7 +34,7 @@ class MetricsParseError(ValueError):
 @dataclass(slots=True, frozen=True)
 class Sample:
     """One series line. `timestamp` is as written (milliseconds in the Prometheus text format),
-    None when the line has none. Samples may be shared through a line cache: never mutate them."""
+    None when the line has none. Samples may be shared between parses (`PageMemory`): never mutate them."""
 
     name: str
     labels: dict[str, str]
@@ -65,21 +65,63 @@ class WantedNames:
         return f"WantedNames({list(self.names)})"
 
 
-LineCache = dict[bytes, Sample]
-CACHE_MIN_LINE = 256  # shorter lines are gauges whose value changes every scrape
-CACHE_MAX_LINES = 16
+ABSENT_RECHECK_POLLS = 20  # a family absent from a page is looked for again after this many polls
+HINT_WINDOW = 2048  # bytes before last poll's offset where a family's search starts
+
+
+@dataclass(slots=True)
+class _Group:
+    """One family's lines as last seen: where, their bytes, their parse, and each line's label
+    set (its bytes and dict), so a line whose labels did not change parses only its value."""
+
+    start: int
+    raw: bytes
+    samples: list[Sample]
+    labels: list[tuple[bytes, dict[str, str]]]
+
+
+class PageMemory:
+    """What one endpoint's last page looked like, so the next parse does only what changed.
+
+    Owned by the caller (one per scraped endpoint). A family is looked for first where it was
+    (its offset moves only by as much as the values before it changed length), a family whose
+    lines are byte-identical to last time is not parsed again (vLLM's `cache_config_info`, ~40
+    labels, never changes; neither do an idle pod's gauges), a line whose label set is unchanged
+    parses only its value, and a family absent from the page (`lora_requests_info` on a pod
+    without LoRA) is looked for again only every `recheck_absent` polls rather than costing a
+    scan of the whole page on each. Samples may be shared between polls: never mutate them.
+
+    `unchanged` tells after a parse whether every wanted family read the same bytes as the
+    previous parse (and none appeared or went away): the page's signals did not move."""
+
+    __slots__ = ("_absent", "_groups", "recheck_absent", "result", "unchanged")
+
+    def __init__(self, recheck_absent: int = ABSENT_RECHECK_POLLS) -> None:
+        self.recheck_absent = recheck_absent
+        self.unchanged = False
+        # What the caller made of the page as last parsed (the extractor keeps its result here,
+        # to skip the work when the page did not change).
+        self.result: object = None
+        self._groups: dict[str, _Group] = {}
+        self._absent: dict[str, int] = {}  # name -> polls left before it is looked for again
+
+    def forget(self) -> None:
+        """Drop everything (a new server behind the same address)."""
+        self._groups.clear()
+        self._absent.clear()
+        self.unchanged = False
+        self.result = None
 
 
 def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
-                 cache: LineCache | None = None) -> dict[str, list[Sample]]:
+                 memory: PageMemory | None = None, *, recheck_absent: int | None = None) -> dict[str, list[Sample]]:
     """Samples of the wanted metric names only, grouped by name in exposition order.
 
     Names with no sample are absent from the result. Raises `MetricsParseError` on a wanted line
-    that cannot be read or on a binary body.
-
-    `cache`, owned by the caller (one per scraped endpoint), remembers the parse of long lines:
-    info-style metrics such as vLLM's `cache_config_info` carry dozens of labels, are the most
-    expensive lines to parse, and are byte-identical on every scrape.
+    that cannot be read or on a binary body. `memory` (see `PageMemory`) makes repeated parses
+    of one endpoint's pages cheap; the result is the same with or without it, except that a
+    family that appears on a page is seen up to `recheck_absent` polls late (the memory's, or
+    this call's: 0 for exporters that create a family on its first use, where appearing is news).
     """
     if not isinstance(wanted, WantedNames):
         wanted = WantedNames(wanted)
@@ -87,36 +129,105 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
     if nul != -1:
         raise MetricsParseError(f"not Prometheus text: NUL byte at offset {nul}")
     out: dict[str, list[Sample]] = {}
-    size = len(body)
+    unchanged = True
     for name, raw, needle in wanted._needles:
-        if body.startswith(raw) and _is_name_end(body, len(raw)):
-            start = 0
+        group: _Group | None = None
+        if memory is None:
+            start = _find_group(body, raw, needle, -1)
         else:
-            start = _find_line(body, needle, 0)
-            if start < 0:
+            skip = memory._absent.get(name, 0)
+            if skip > 0:
+                memory._absent[name] = skip - 1
                 continue
-        samples: list[Sample] = []
-        cut = len(raw)
-        while True:
-            end = body.find(b"\n", start)
-            if end < 0:
-                end = size
-            if cache is not None and end - start >= CACHE_MIN_LINE:
-                line = body[start:end]
-                sample = cache.get(line)
-                if sample is None:
-                    sample = _parse_line(line, name, cut, body, start)
-                    if len(cache) >= CACHE_MAX_LINES:
-                        cache.clear()
-                    cache[line] = sample
-                samples.append(sample)
-            else:
-                samples.append(_parse_line(body[start:end], name, cut, body, start))
-            start = end + 1
-            if start >= size or not (body.startswith(raw, start) and _is_name_end(body, start + cut)):
-                break
+            group = memory._groups.get(name)
+            start = _find_group(body, raw, needle, group.start if group is not None else -1)
+        if start < 0:
+            if memory is not None:
+                if memory._groups.pop(name, None) is not None or name not in memory._absent:
+                    unchanged = False  # it went away, or this is the first look
+                memory._absent[name] = memory.recheck_absent if recheck_absent is None else recheck_absent
+            continue
+        lines = _group_lines(body, start, raw)
+        end = lines[-1][1]
+        if group is not None:
+            if end - start == len(group.raw) and body.startswith(group.raw, start):
+                group.start = start
+                out[name] = group.samples
+                continue
+            if len(lines) == 1 and len(group.labels) == 1:  # a gauge that moved: its labels did not
+                label_bytes, label_dict = group.labels[0]
+                cut = len(raw)
+                if label_bytes and body.startswith(label_bytes, start + cut):
+                    line = body[start:end]
+                    value, timestamp = _value(line, cut + len(label_bytes), name, body, start)
+                    samples = [Sample(name, label_dict, value, timestamp)]
+                    group.start, group.raw, group.samples = start, line, samples
+                    out[name] = samples
+                    unchanged = False
+                    continue
+        unchanged = False
+        samples, labels = _parse_group(body, lines, name, len(raw), group)
         out[name] = samples
+        if memory is not None:
+            memory._absent.pop(name, None)
+            memory._groups[name] = _Group(start, body[start:end], samples, labels)
+    if memory is not None:
+        memory.unchanged = unchanged
     return out
+
+
+def _find_group(body: bytes, raw: bytes, needle: bytes, hint: int) -> int:
+    """Offset of the first line of `raw`'s family, or -1. With a `hint` (where it was on the
+    previous page) the search starts a little before it; a match there that is not the group's
+    first line, or no match, falls back to searching the whole page."""
+    if hint >= 0:
+        low = max(0, hint - HINT_WINDOW)
+        if low == 0 and body.startswith(raw) and _is_name_end(body, len(raw)):
+            return 0
+        i = _find_line(body, needle, max(0, low - 1))
+        if i > 0:
+            previous = body.rfind(b"\n", 0, i - 1) + 1
+            if not (body.startswith(raw, previous) and _is_name_end(body, previous + len(raw))):
+                return i
+    if body.startswith(raw) and _is_name_end(body, len(raw)):
+        return 0
+    return _find_line(body, needle, 0)
+
+
+def _group_lines(body: bytes, start: int, raw: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each line of the family that begins at `start` (contiguous, by the format)."""
+    size = len(body)
+    cut = len(raw)
+    lines: list[tuple[int, int]] = []
+    while True:
+        end = body.find(b"\n", start)
+        if end < 0:
+            end = size
+        lines.append((start, end))
+        start = end + 1
+        if start >= size or not (body.startswith(raw, start) and _is_name_end(body, start + cut)):
+            return lines
+
+
+def _parse_group(body: bytes, lines: list[tuple[int, int]], name: str, cut: int,
+                 previous: _Group | None) -> tuple[list[Sample], list[tuple[bytes, dict[str, str]]]]:
+    samples: list[Sample] = []
+    labels: list[tuple[bytes, dict[str, str]]] = []
+    known = previous.labels if previous is not None else []
+    for k, (start, end) in enumerate(lines):
+        line = body[start:end]
+        if k < len(known):
+            label_bytes, label_dict = known[k]
+            if label_bytes and line.startswith(label_bytes, cut):
+                value, timestamp = _value(line, cut + len(label_bytes), name, body, start)
+                samples.append(Sample(name, label_dict, value, timestamp))
+                labels.append(known[k])
+                continue
+        sample, label_end = _parse_line(line, name, cut, body, start)
+        samples.append(sample)
+        labels.append((line[cut:label_end] if label_end > cut and line[cut:cut + 1] == b"{" else b"",
+                       sample.labels))
+    return samples, labels
 
 
 def _is_name_end(body: bytes, i: int) -> bool:
@@ -135,8 +246,9 @@ def _find_line(body: bytes, needle: bytes, start: int) -> int:
     return -1
 
 
-def _parse_line(line: bytes, name: str, cut: int, body: bytes, start: int) -> Sample:
-    """Parse one wanted line; `body` and `start` only serve the error message's line number."""
+def _parse_line(line: bytes, name: str, cut: int, body: bytes, start: int) -> tuple[Sample, int]:
+    """Parse one wanted line, and say where its label set ends; `body` and `start` only serve the
+    error message's line number."""
     labels: dict[str, str] = {}
     pos = cut
     try:
@@ -151,6 +263,17 @@ def _parse_line(line: bytes, name: str, cut: int, body: bytes, start: int) -> Sa
             for key, value in _PAIR.findall(line, pos, label_set.end()):
                 labels[key.decode()] = _unescape(value) if b"\\" in value else value.decode()
             pos = label_set.end()
+    except MetricsParseError as exc:
+        raise MetricsParseError(f"{name} at line {_line_number(body, start)}: {exc}") from None
+    except UnicodeDecodeError:
+        raise MetricsParseError(f"{name} at line {_line_number(body, start)}: label is not UTF-8") from None
+    value, timestamp = _value(line, pos, name, body, start)
+    return Sample(name, labels, value, timestamp), pos
+
+
+def _value(line: bytes, pos: int, name: str, body: bytes, start: int) -> tuple[float, float | None]:
+    """The value and optional timestamp after the label set (or the name) at `pos`."""
+    try:
         tokens = line[pos:].split()
         if tokens and tokens[0].startswith(b"#"):
             tokens = []
@@ -164,9 +287,7 @@ def _parse_line(line: bytes, name: str, cut: int, body: bytes, start: int) -> Sa
                 raise MetricsParseError(f"unexpected text after the timestamp: {tokens[2][:32]!r}")
     except MetricsParseError as exc:
         raise MetricsParseError(f"{name} at line {_line_number(body, start)}: {exc}") from None
-    except UnicodeDecodeError:
-        raise MetricsParseError(f"{name} at line {_line_number(body, start)}: label is not UTF-8") from None
-    return Sample(name, labels, value_f, timestamp)
+    return value_f, timestamp
 
 
 def _line_number(body: bytes, offset: int) -> int:

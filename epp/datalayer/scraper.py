@@ -1,9 +1,10 @@
-"""Scrape every endpoint's `/metrics` into the datastore: one asyncio task per endpoint.
+"""Scrape every endpoint's `/metrics` into the datastore: one poller per endpoint.
 
-One task per endpoint (as the reference's one goroutine per endpoint) means a slow, hanging or
-broken server only ever delays its own loop; every poll is bounded by `timeout`. All tasks share
-one aiohttp session so connections are kept alive between polls (a scrape every 50 ms per pod
-would otherwise be a TCP handshake every 50 ms).
+One poller per endpoint (as the reference's one goroutine per endpoint) means a slow, hanging
+or broken server only ever delays its own polls; every poll is bounded by `timeout`. Each endpoint
+keeps one HTTP/1.1 connection alive between polls (`http_client`: a scrape every 50 ms per pod
+would otherwise be a TCP handshake every 50 ms) and a `PageMemory` of its last page, so a poll
+parses only the lines that changed.
 
 On success the endpoint gets a *new* immutable `EndpointMetrics` (readers never see half an
 update); on failure its old metrics stay, so they age and the staleness checks downstream see it.
@@ -11,31 +12,41 @@ A scrape with a value out of bounds (`validate`) is a failure too, and also mark
 `metrics_valid = False` until a valid scrape arrives; `ScrapeStats.invalid` counts such scrapes
 per metric for the EPP's own metrics. Errors are logged once when they start, once when they
 change kind and once when they clear, never per poll.
+
+Back-off: an endpoint whose signals (every field but the scrape time) came back the same for
+`QUIET_POLLS` polls in a row is polled half as often, and so on up to `max_interval`; the first
+poll that sees a change (or fails) returns it to `interval`. Its metrics then age up to
+`max_interval` between polls, which `ScrapeStats.interval` (and so the EPP's own
+`inference_pool_endpoint_scrape_interval_seconds`) shows.
+
+This runs on whatever loop starts it: the request path's in-process mode (tests, the
+simulator's live pods), or the scraper process (`scrape_process`), which publishes each poll
+through shared memory (`on_polled`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiohttp
-from yarl import URL
-
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
+from epp.datalayer.http_client import FetchFailed, PageClient, client_ssl_context
 from epp.datalayer.metrics_data_source import MetricsDataSource
-from epp.datalayer.promparse import LineCache, MetricsParseError
+from epp.datalayer.promparse import MetricsParseError, PageMemory
 from epp.datalayer.validate import Invalid
-from epp.datastore import Datastore, Endpoint
+from epp.datastore import Datastore, Endpoint, EndpointMetrics
 
 log = logging.getLogger("epp.datalayer")
 
-# Plain text only (no protobuf/OpenMetrics negotiation), and uncompressed: decompressing ~50 KB
-# twenty times a second per pod costs more CPU here than the bytes cost on a pod network.
-_HEADERS = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
-_MAX_ERROR_LEN = 200
+MAX_ERROR_LEN = 200
+QUIET_POLLS = 3  # polls with unchanged signals before an endpoint's interval doubles
+
+PollHook = Callable[[Endpoint, "ScrapeStats"], None]
 
 
 @dataclass(slots=True)
@@ -51,18 +62,36 @@ class ScrapeStats:
     problems: tuple[str, ...] = ()  # metrics missing or unreadable in the last good scrape
     # metric name -> scrapes it made invalid (the names come from the engine mapping: bounded)
     invalid: dict[str, int] = field(default_factory=dict)
+    interval: float = 0.0  # seconds until the next poll: the base interval, or more while backed off
 
 
 @dataclass(slots=True, eq=False)
 class _Worker:
+    """One endpoint's polling: a timer, a GET in flight, then the next timer (callbacks on the
+    loop, no task: at 2,000 polls a second a task and a timeout context per poll would cost
+    more than the poll itself)."""
+
     endpoint: Endpoint
-    url: URL
+    client: PageClient
     stats: ScrapeStats
-    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    next_at: float = 0.0  # loop time the current or next poll is due
+    started: float = 0.0  # perf_counter at the start of the poll in flight
+    stopped: bool = False
     failing: bool = False
     failure_kind: str = ""  # what the current failure is, to log again when it changes kind
     engine: str = ""  # last engine resolved, to warn once about unknown ones
-    lines: LineCache = field(default_factory=dict)
+    memory: PageMemory = field(default_factory=PageMemory)
+    quiet: int = 0  # successful polls in a row whose signals did not move
+
+    @property
+    def url(self) -> str:
+        return self.client.target.url
+
+    @property
+    def polling(self) -> bool:
+        """A poll is due or in flight (False once stopped)."""
+        return not self.stopped and (self.timer is not None or self.client.busy)
 
 
 class ScrapeFailed(Exception):
@@ -81,7 +110,9 @@ class MetricsScraper:
     """Keeps one polling task per datastore endpoint, started and stopped by datastore events.
 
     `interval` is `--refresh-metrics-interval`; `timeout` bounds each poll (connect, headers and
-    body), so a hanging server makes its own metrics stale and nothing else.
+    body), so a hanging server makes its own metrics stale and nothing else. `max_interval`
+    (default: `interval`, no back-off) is the longest an endpoint whose signals do not move
+    waits between polls. `on_polled` runs after every poll with the endpoint and its stats.
     """
 
     def __init__(
@@ -93,6 +124,9 @@ class MetricsScraper:
         interval: float = 0.05,
         timeout: float = 1.0,
         max_body_bytes: int = 16 << 20,
+        max_interval: float | None = None,
+        on_polled: PollHook | None = None,
+        quantum: float = 0.0,
     ) -> None:
         if interval <= 0 or timeout <= 0:
             raise ValueError("interval and timeout must be > 0")
@@ -100,49 +134,44 @@ class MetricsScraper:
         self.source = source or MetricsDataSource()
         self.extractor = extractor or CoreMetricsExtractor()
         self.interval = interval
+        self.max_interval = max(interval, max_interval if max_interval is not None else interval)
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
+        self.on_polled = on_polled
+        self.quantum = quantum
         self._workers: dict[str, _Worker] = {}
-        self._stopping: set[asyncio.Task[None]] = set()
-        self._session: aiohttp.ClientSession | None = None
+        self._connecting: set[asyncio.Task[None]] = set()  # connection attempts cancelled by a stop
+        self._running = False
+        self._ssl = client_ssl_context(verify=not self.source.insecure_skip_verify) \
+            if self.source.scheme == "https" else None
         self._random = random.Random()
 
     # -- lifecycle --
 
     @property
     def running(self) -> bool:
-        return self._session is not None
+        return self._running
 
     async def start(self) -> None:
-        """Open the shared session and scrape every endpoint, present and future."""
-        if self._session is not None:
+        """Scrape every endpoint, present and future."""
+        if self._running:
             return
-        connector = aiohttp.TCPConnector(
-            limit=0,  # one connection per endpoint; the per-endpoint loop is the limit
-            ssl=not self.source.insecure_skip_verify,  # False: accept any certificate
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None),  # each poll has its own deadline
-            headers=_HEADERS,
-        )
+        self._running = True
         self.datastore.subscribe(self._on_add, self._on_remove)
 
     async def stop(self) -> None:
-        """Cancel every scrape task, wait for them, and close the session."""
-        session, self._session = self._session, None
+        """Stop every endpoint's polling and close its connection."""
+        self._running = False
         self.datastore.unsubscribe(self._on_add, self._on_remove)
-        tasks = [w.task for w in self._workers.values() if w.task is not None]
-        tasks.extend(self._stopping)
+        workers = list(self._workers.values())
         self._workers.clear()
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self._stopping.clear()
-        if session is not None:
-            await session.close()
-            await asyncio.sleep(0)  # let the transports' close callbacks run
+        for worker in workers:
+            self._stop(worker)
+        pending = [t for t in self._connecting if not t.done()]
+        self._connecting.clear()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.sleep(0)  # let the transports' close callbacks run
 
     # -- introspection --
 
@@ -155,67 +184,88 @@ class MetricsScraper:
         worker table is copied in one step before it is read."""
         return {address: w.stats for address, w in self._workers.copy().items()}
 
-    def tasks(self) -> list[asyncio.Task[None]]:
-        """Scrape tasks still alive, including ones cancelled but not yet finished."""
-        live = [w.task for w in self._workers.values() if w.task is not None and not w.task.done()]
-        return live + [t for t in self._stopping if not t.done()]
+    def polling(self) -> list[str]:
+        """Addresses of the endpoints being polled (a poll due or in flight)."""
+        return [address for address, w in self._workers.items() if w.polling]
 
     # -- datastore listeners --
 
     def _on_add(self, endpoint: Endpoint) -> None:
-        if self._session is None:
+        if not self._running:
             return  # stopped
         old = self._workers.get(endpoint.address)
         if old is not None:
             if old.endpoint is endpoint:
                 return
-            self._cancel(old)
-        worker = _Worker(endpoint, URL(self.source.url(endpoint.spec), encoded=True), ScrapeStats())
-        worker.task = asyncio.get_running_loop().create_task(self._run(worker), name=f"scrape {endpoint.address}")
+            self._stop(old)
+        client = PageClient(self.source.target(endpoint.spec), timeout=self.timeout, max_body=self.max_body_bytes,
+                            ssl_context=self._ssl)
+        worker = _Worker(endpoint, client, ScrapeStats(interval=self.interval))
         self._workers[endpoint.address] = worker
+        # Spread first polls over one interval so a relist does not scrape every pod in lockstep.
+        loop = asyncio.get_running_loop()
+        self._schedule(worker, loop, loop.time() + self._random.random() * self.interval)
 
     def _on_remove(self, endpoint: Endpoint) -> None:
         worker = self._workers.get(endpoint.address)
         if worker is not None and worker.endpoint is endpoint:
             del self._workers[endpoint.address]
-            self._cancel(worker)
+            self._stop(worker)
 
-    def _cancel(self, worker: _Worker) -> None:
-        task = worker.task
-        if task is not None and not task.done():
-            task.cancel()
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+    def _stop(self, worker: _Worker) -> None:
+        worker.stopped = True
+        if worker.timer is not None:
+            worker.timer.cancel()
+            worker.timer = None
+        connecting = worker.client.close()
+        if connecting is not None:
+            self._connecting.add(connecting)
+            connecting.add_done_callback(self._connecting.discard)
 
     # -- the loop --
 
-    async def _run(self, worker: _Worker) -> None:
-        loop = asyncio.get_running_loop()
-        # Spread first polls over one interval so a relist does not scrape every pod in lockstep.
-        await asyncio.sleep(self._random.random() * self.interval)
-        next_at = loop.time()
-        while True:
-            await self._poll(worker)
-            next_at += self.interval
-            now = loop.time()
-            if next_at < now:
-                next_at = now  # a slow poll: carry on at the normal rate, no burst to catch up
-            await asyncio.sleep(next_at - now)
+    def _schedule(self, worker: _Worker, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        """The next poll at `at`, rounded up to the `quantum` grid: the polls due in one step
+        start in one turn of the loop and their answers come back together, far fewer wake-ups
+        than polls spread evenly."""
+        quantum = self.quantum
+        if quantum > 0:
+            at = math.ceil(at / quantum) * quantum
+        worker.next_at = at
+        worker.timer = loop.call_at(at, self._poll, worker)
 
-    async def _poll(self, worker: _Worker) -> None:
-        """One scrape of one endpoint; never raises except on cancellation."""
+    def _poll(self, worker: _Worker) -> None:
+        worker.timer = None
+        if worker.stopped:
+            return
+        worker.started = time.perf_counter()
+        worker.client.get(lambda body, error: self._polled(worker, body, error))
+
+    def _polled(self, worker: _Worker, body: bytes | None, error: BaseException | None) -> None:
+        """A poll's page (or failure) is in: read it, then schedule the next one."""
+        if worker.stopped:
+            return
+        self._read(worker, body, error)
+        loop = asyncio.get_running_loop()
+        at = worker.next_at + worker.stats.interval
+        now = loop.time()
+        if at < now:
+            at = now  # a slow poll: carry on at the normal rate, no burst to catch up
+        self._schedule(worker, loop, at)
+
+    def _read(self, worker: _Worker, body: bytes | None, error: BaseException | None) -> None:
+        """One poll's outcome into the endpoint and its stats; never raises."""
         endpoint, stats = worker.endpoint, worker.stats
-        started = time.perf_counter()
         try:
-            body = await self._fetch(worker.url)
+            if error is not None:
+                raise error
+            assert body is not None
             self._check_engine(worker)
-            result = self.extractor.extract(endpoint, body, self.datastore.clock(), worker.lines)
+            result = self.extractor.extract(endpoint, body, self.datastore.clock(), worker.memory)
             if result.invalid:
                 raise InvalidMetrics(result.invalid)
             if result.metrics is None:
                 raise ScrapeFailed("no metrics found: " + "; ".join(result.problems))
-        except asyncio.CancelledError:
-            raise
         except InvalidMetrics as exc:
             for item in exc.invalid:
                 stats.invalid[item.metric] = stats.invalid.get(item.metric, 0) + 1
@@ -224,6 +274,7 @@ class MetricsScraper:
         except Exception as exc:  # any failure is this endpoint's problem only
             self._failed(worker, _describe(exc, self.timeout), exc)
         else:
+            self._back_off(worker, endpoint.metrics, result.metrics)
             endpoint.update_metrics(result.metrics)
             stats.last_success = result.metrics.update_time
             if result.problems != stats.problems:
@@ -238,36 +289,25 @@ class MetricsScraper:
                 worker.failure_kind = ""
             stats.consecutive_errors = 0
             endpoint.scrape_error = ""
-        finally:
-            stats.scrapes += 1
-            stats.last_duration = time.perf_counter() - started
+        stats.scrapes += 1
+        stats.last_duration = time.perf_counter() - worker.started
+        if self.on_polled is not None:
+            try:
+                self.on_polled(endpoint, stats)
+            except Exception:
+                log.exception("publishing the scrape of %s failed", endpoint.name)
 
-    async def _fetch(self, url: URL) -> bytes:
-        session = self._session
-        if session is None:
-            raise ScrapeFailed("scraper stopped")
-        async with asyncio.timeout(self.timeout):
-            async with session.get(url, allow_redirects=False) as resp:
-                if resp.status != 200:
-                    raise ScrapeFailed(f"HTTP {resp.status} {resp.reason or ''}".rstrip())
-                return await self._read(resp)
-
-    async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The body, refusing anything over `max_body_bytes` before it is all in memory."""
-        limit = self.max_body_bytes
-        length = resp.content_length
-        if length is not None:
-            if length > limit:
-                raise ScrapeFailed(f"response too large ({length} bytes > {limit})")
-            return await resp.read()
-        chunks: list[bytes] = []
-        total = 0
-        async for chunk in resp.content.iter_any():
-            total += len(chunk)
-            if total > limit:
-                raise ScrapeFailed(f"response too large (> {limit} bytes)")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    def _back_off(self, worker: _Worker, old: EndpointMetrics, new: EndpointMetrics) -> None:
+        """Double the interval of an endpoint whose signals stayed put for `QUIET_POLLS` polls."""
+        stats = worker.stats
+        if _moved(old, new):
+            worker.quiet = 0
+            stats.interval = self.interval
+            return
+        worker.quiet += 1
+        if worker.quiet >= QUIET_POLLS and stats.interval < self.max_interval:
+            stats.interval = min(self.max_interval, stats.interval * 2)
+            worker.quiet = 0
 
     def _check_engine(self, worker: _Worker) -> None:
         engine = self.extractor.engine_of(worker.endpoint)
@@ -285,20 +325,35 @@ class MetricsScraper:
         stats.errors += 1
         stats.consecutive_errors += 1
         stats.last_error = message
+        stats.interval = self.interval
+        worker.quiet = 0
         worker.endpoint.scrape_error = message
         kind = _kind(exc)
         if not worker.failing or kind != worker.failure_kind:
             worker.failing = True
             worker.failure_kind = kind
-            unexpected = not isinstance(exc, (ScrapeFailed, MetricsParseError, aiohttp.ClientError, TimeoutError))
+            unexpected = not isinstance(exc, (ScrapeFailed, MetricsParseError, FetchFailed, TimeoutError))
             log.warning("scraping %s (%s) failing: %s", worker.endpoint.name, worker.url, message,
                         exc_info=exc if unexpected else None)
 
 
+def _moved(old: EndpointMetrics, new: EndpointMetrics) -> bool:
+    """Whether any signal differs (the scrape time aside; the ITL counters count: tokens flowed)."""
+    return (old.waiting_queue_size != new.waiting_queue_size or old.running_requests != new.running_requests
+            or old.kv_cache_usage != new.kv_cache_usage or old.inter_token_latency != new.inter_token_latency
+            or old.itl_count != new.itl_count or old.itl_sum != new.itl_sum or old.models != new.models
+            or old.active_models != new.active_models or old.waiting_models != new.waiting_models
+            or old.max_active_models != new.max_active_models or old.cache_block_size != new.cache_block_size
+            or old.cache_num_blocks != new.cache_num_blocks or old.update_time == 0.0)
+
+
 def _kind(exc: BaseException) -> str:
-    """A failure's kind, for logging: invalid values name their metrics, others their class."""
+    """A failure's kind, for logging: invalid values name their metrics, fetch failures their
+    cause (the first words of the message: "HTTP 500", "cannot connect", ...), others their class."""
     if isinstance(exc, InvalidMetrics):
         return "invalid:" + ",".join(sorted({i.metric for i in exc.invalid}))
+    if isinstance(exc, FetchFailed):
+        return "fetch:" + " ".join(str(exc).split()[:2])
     return type(exc).__name__
 
 
@@ -306,14 +361,10 @@ def _describe(exc: BaseException, timeout: float) -> str:
     """A short, stable message for `Endpoint.scrape_error` (no tracebacks, no addresses twice)."""
     if isinstance(exc, TimeoutError):
         text = f"timed out after {timeout:g}s"
-    elif isinstance(exc, aiohttp.ClientConnectorError):
-        text = f"cannot connect: {exc.os_error.strerror or exc.os_error}"
     elif isinstance(exc, MetricsParseError):
         text = f"bad metrics: {exc}"
-    elif isinstance(exc, ScrapeFailed):
+    elif isinstance(exc, (ScrapeFailed, FetchFailed)):
         text = str(exc)
-    elif isinstance(exc, aiohttp.ClientError):
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     else:
         text = f"internal error: {type(exc).__name__}: {exc}"
-    return text if len(text) <= _MAX_ERROR_LEN else text[:_MAX_ERROR_LEN - 1] + "…"
+    return text if len(text) <= MAX_ERROR_LEN else text[:MAX_ERROR_LEN - 1] + "…"

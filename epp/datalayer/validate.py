@@ -12,7 +12,10 @@ Every value the extractor reads has a kind, and each kind a bound:
 - a *limit* (`max_lora`) is a whole number in [0, `MAX_LORA`];
 - a histogram *total* (the inter-token latency's `_sum` and `_count`) is finite and >= 0;
 - a *name* (a model or LoRA adapter) is at most `MAX_NAME_CHARS` long, and a list of them at
-  most `MAX_NAMES` long.
+  most `MAX_NAMES` long; all the names one scrape reports (served models, running and waiting
+  adapters) take at most `MAX_NAME_BYTES` of UTF-8 together: what one endpoint's slot of the
+  shared-memory metrics board holds (`board`), so the scraper process and the request path
+  always agree.
 
 A value outside its bound makes the whole scrape invalid (`Extraction.invalid`): the endpoint
 keeps its previous metrics, which then age like after a failed scrape, and the scraper records
@@ -31,6 +34,7 @@ MAX_NUM_BLOCKS = 1 << 32  # KV blocks on one device
 MAX_LORA = 1 << 16  # LoRA slots
 MAX_NAME_CHARS = 1024  # a model or adapter name (the request parser's cap on `model` too)
 MAX_NAMES = 1024  # names in one label (adapter lists) or model names on one server
+MAX_NAME_BYTES = 12 * 1024  # UTF-8 bytes of every name one scrape reports, with a separator each
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,4 +95,16 @@ def names_error(names: frozenset[str] | set[str], what: str) -> str:
     longest = max((len(n) for n in names), default=0)
     if longest > MAX_NAME_CHARS:
         return f"a {what} of {longest} characters (at most {MAX_NAME_CHARS})"
+    return ""
+
+
+def names_bytes(*sets: frozenset[str]) -> int:
+    """The names' UTF-8 bytes with one separator each (as the metrics board stores them)."""
+    return sum(len(name.encode()) + 1 for names in sets for name in names)
+
+
+def name_bytes_error(*sets: frozenset[str]) -> str:
+    size = names_bytes(*sets)
+    if size > MAX_NAME_BYTES:
+        return f"{size} bytes of model and adapter names (at most {MAX_NAME_BYTES})"
     return ""

@@ -2,7 +2,10 @@
 
 Why: prefix-cache affinity and in-flight counts live in one EPP's memory, so of several replicas
 only one should take traffic; the others keep their datastore warm (discovery runs everywhere)
-and report NOT_SERVING on readiness until they lead. The Lease is the reference's:
+and report NOT_SERVING on readiness until they lead. With active-active replicas
+(`--replicas-url`: they share that state through Redis/Valkey, `epp.scale.replicas`) election is
+optional and readiness does not wait for it: the lease, if still elected, only names a leader. A
+pod of several workers elects once, in its supervisor. The Lease is the reference's:
 `epp-<namespace>-<pool>.gateway-api-inference-extension.sigs.k8s.io` in the pool's namespace.
 
 Semantics follow client-go's leader election, in our own code:

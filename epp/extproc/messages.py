@@ -95,6 +95,37 @@ def response_headers_response(set_headers: dict[str, str]) -> pb.ProcessingRespo
     return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
 
 
+def _delimited(tag: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field: its key byte, the payload's length (varint), the payload."""
+    size = len(payload)
+    head = bytearray((tag,))
+    while size > 0x7F:
+        head.append((size & 0x7F) | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + payload
+
+
+_EOS_TRUE = b"\x10\x01"  # StreamedBodyResponse.end_of_stream (field 2, varint) = true
+
+
+def streamed_response_body_wire(chunk: bytes, end_of_stream: bool) -> bytes:
+    """`streamed_response_body(chunk, end_of_stream)` already serialised: the token path sends one
+    per response chunk, and four nested message objects built and serialised per chunk cost more
+    than writing the bytes. ProcessingResponse.response_body (4) > BodyResponse.response (1) >
+    CommonResponse.body_mutation (3) > BodyMutation.streamed_response (3) > StreamedBodyResponse
+    {body (1), end_of_stream (2)}; a test checks it equals the message's own serialisation."""
+    inner = _delimited(0x0A, chunk) if chunk else b""  # proto3 leaves an empty bytes field out
+    if end_of_stream:
+        inner += _EOS_TRUE
+    return _delimited(0x22, _delimited(0x0A, _delimited(0x1A, _delimited(0x1A, inner))))
+
+
+def serialize(response: pb.ProcessingResponse | bytes) -> bytes:
+    """The gRPC response serializer: messages, or bytes already serialised."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
 def streamed_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
     return pb.ProcessingResponse(
         response_body=pb.BodyResponse(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from epp.extproc import messages
+from epp.extproc.observer import Handoff, ObserverStream
 from epp.extproc.stream import RequestStream
 from epp.requestcontrol.director import Director
 
@@ -24,23 +26,56 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         self.max_body_bytes = max_body_bytes
         self.debug_header = debug_header
         self.active_streams = 0
+        # Called before each pick: brings the datastore up to date (the scraper process's board).
+        self.refresh: Callable[[], object] | None = None
+        self.handoff = Handoff()  # picks whose response an observer stream reports
 
     async def Process(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self.director, self.max_body_bytes, self.debug_header)
+        """A picking stream (answers every message), or an observer stream (observability mode:
+        reports the response to its pick, answers nothing); the first message tells which."""
+        stream: RequestStream | None = None
+        observer: ObserverStream | None = None
         self.active_streams += 1
         try:
             async for message in request_iterator:
+                if observer is not None:
+                    observer.handle(message)
+                    if observer.ended:
+                        return  # end the stream: Envoy holds an observer stream open until we do
+                    continue
+                if stream is None:
+                    if message.observability_mode:
+                        observer = ObserverStream(self.handoff)
+                        observer.handle(message)
+                        if observer.ended:
+                            return
+                        continue
+                    stream = RequestStream(self.director, self.max_body_bytes, self.debug_header, self.refresh,
+                                           self.handoff)
                 for response in await stream.handle(message):
                     yield response
-                    if response.HasField("immediate_response"):
+                    if not isinstance(response, bytes) and response.HasField("immediate_response"):
                         return
         finally:
             # Runs on normal end, client cancel (CancelledError) and errors alike.
-            stream.close()
+            if stream is not None:
+                stream.close()
+            if observer is not None:
+                observer.close()
             self.active_streams -= 1
+
+    def close(self) -> None:
+        """End the requests still waiting for an observer (the server is stopping)."""
+        self.handoff.close()
 
 
 def add_to_server(servicer: ExternalProcessor, server: grpc.aio.Server) -> None:
-    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    """As the generated `add_ExternalProcessorServicer_to_server`, with a serializer that also
+    takes replies already serialised (`messages.streamed_response_body_wire`)."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.Process, request_deserializer=pb.ProcessingRequest.FromString,
+        response_serializer=messages.serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}),))

@@ -14,15 +14,17 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.api.headers import PATH_HEADERS, REQUEST_ID
+from epp.api.headers import OBSERVE_TOKEN, PATH_HEADERS, REQUEST_ID
 from epp.api.request import InferenceRequest, api_for_path, parse_request
 from epp.api.response import ResponseObserver, observer_for, rewrite_model_name
 from epp.errors import Code, EppError
 from epp.extproc import messages
+from epp.extproc.observer import Handoff
 from epp.observability.trace import DEBUG_HEADER
 from epp.requestcontrol.director import Decision, Director, RequestRecord
 
@@ -31,6 +33,7 @@ log = logging.getLogger("epp.extproc")
 _Mode = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _Mode.FULL_DUPLEX_STREAMED
 BUFFERED_MODES = (_Mode.BUFFERED, _Mode.BUFFERED_PARTIAL)
+NONE_MODE = _Mode.NONE
 
 
 
@@ -64,8 +67,13 @@ def _subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
 
 
 class RequestStream:
-    def __init__(self, director: Director, max_body_bytes: int, debug_header: bool = False) -> None:
+    def __init__(self, director: Director, max_body_bytes: int, debug_header: bool = False,
+                 refresh: Callable[[], object] | None = None, handoff: Handoff | None = None) -> None:
         self.director = director
+        self.refresh = refresh
+        self.handoff = handoff
+        self.token = ""  # set when an observer stream reports this request's response
+        self.observer_attached = False
         self.max_body_bytes = max_body_bytes
         self.debug_header = debug_header
         self.request_body_mode = FULL_DUPLEX
@@ -82,7 +90,8 @@ class RequestStream:
 
     # -- dispatch --
 
-    async def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    async def handle(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
+        """The replies to one message (messages, or `bytes` already serialised on the token path)."""
         kind = message.WhichOneof("request")
         try:
             if message.HasField("protocol_config"):
@@ -109,7 +118,16 @@ class RequestStream:
             return [self._fail(EppError(Code.INTERNAL, "internal error", reason="internal"))]
 
     def close(self) -> None:
-        """The stream ended (normally, by cancel or by error): release whatever is still held."""
+        """The stream ended (normally, by cancel or by error): release whatever is still held,
+        or, if an observer stream is still reporting the response, once it has ended."""
+        record = self.record
+        if (self.token and self.handoff is not None and record is not None and not record.released
+                and self.handoff.picker_closed(self, self.token)):
+            return
+        self._finish()
+
+    def close_unobserved(self) -> None:
+        """Its observer did not end in time (or the EPP stops): end the request now."""
         self._finish()
 
     # -- request path --
@@ -158,6 +176,8 @@ class RequestStream:
         request = parse_request(bytes(self.body), path=path, request_id=self.request_id, headers=headers)
         request.subset = self.subset
         self.request = request
+        if self.refresh is not None:
+            self.refresh()
         # If this stream is cancelled while the request waits (flow control) or right after its
         # dispatch, the director releases the pick itself; once assigned, close() releases it.
         decision, self.record = await self.director.handle_request(request)
@@ -183,11 +203,30 @@ class RequestStream:
         if self.generated_request_id:
             set_headers[REQUEST_ID] = self.request_id
         remove = [k for k in self.headers if k.startswith(messages.DESTINATION) and k != messages.DESTINATION]
+        request = self.request
+        if (self.handoff is not None and self.response_body_mode == NONE_MODE and self.record is not None
+                and request is not None and request.body is not None and self.handoff.wanted(request.stream)):
+            self.token = self.handoff.expect(self)  # no response phase here: an observer reports it
+            set_headers[OBSERVE_TOKEN] = self.token
+        elif OBSERVE_TOKEN in self.headers:
+            remove.append(OBSERVE_TOKEN)
         return set_headers, remove
 
     # -- response path --
 
     def _on_response_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        extra = self.response_headers_seen(message)
+        if self.debug_header and self.record is not None and self.record.decision is not None:
+            extra[DEBUG_HEADER] = self.record.decision.compact()
+        if message.response_headers.end_of_stream:
+            self._finish()
+        return [messages.response_headers_response(extra)]
+
+    def response_headers_seen(self, message: pb.ProcessingRequest) -> dict[str, str]:
+        """The response headers (here, or reported by an observer stream): status, streaming,
+        the served endpoint; returns the headers plugins want added (an observer cannot)."""
+        if self.observer is not None:
+            return {}  # seen already (the picker's response headers, then its observer's)
         headers = _headers(message.response_headers)
         status = headers.get(":status", "200")
         self.response_status = int(status) if status.isdigit() else 0
@@ -195,34 +234,45 @@ class RequestStream:
         self.observer = observer_for(self.request, headers, streaming)
         served_value = _struct_field(message, messages.LB_NAMESPACE, messages.DESTINATION_SERVED)
         served = served_value.string_value if served_value is not None else ""
-        extra = self.director.on_response_headers(self.record, served) if self.record else {}
-        if self.debug_header and self.record is not None and self.record.decision is not None:
-            extra[DEBUG_HEADER] = self.record.decision.compact()
-        if message.response_headers.end_of_stream:
-            self._finish()
-        return [messages.response_headers_response(extra)]
+        return self.director.on_response_headers(self.record, served) if self.record else {}
 
-    def _on_response_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _on_response_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
         body = message.response_body
-        chunk = body.body
+        chunk = self.response_chunk_seen(body.body, body.end_of_stream)
+        if self.response_body_mode == FULL_DUPLEX:
+            return [messages.streamed_response_body_wire(chunk, body.end_of_stream)]
+        changed = chunk is not body.body
+        return [messages.buffered_response_body(chunk if changed else None)]
+
+    def response_chunk_seen(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        """A response body chunk (here, or reported by an observer stream): the first one is the
+        first token, every one feeds `usage`; returns it with the model name rewritten back."""
+        record = self.record
+        if record is not None and record.released:
+            return chunk
         if self.observer is None:
             self.observer = observer_for(self.request, {}, bool(self.request and self.request.stream))
-        if self.record is not None and not self.record.first_byte and chunk:
-            self.director.first_byte(self.record)
+        if record is not None and not record.first_byte and chunk:
+            self.director.first_byte(record)
         self.observer.feed(chunk)
         request = self.request
         if request is not None and request.model_rewritten and chunk:
-            chunk = rewrite_model_name(chunk, request.target_model, request.model)
-        if body.end_of_stream:
+            rewritten = rewrite_model_name(chunk, request.target_model, request.model)
+            if rewritten != chunk:
+                chunk = rewritten
+        if end_of_stream:
             self._finish()
-        if self.response_body_mode == FULL_DUPLEX:
-            return [messages.streamed_response_body(chunk, body.end_of_stream)]
-        changed = request is not None and request.model_rewritten and chunk != body.body
-        return [messages.buffered_response_body(chunk if changed else None)]
+        return chunk
+
+    def response_ended(self) -> None:
+        """The observer stream saw the response end (or ended itself)."""
+        self._finish()
 
     # -- endings --
 
     def _finish(self) -> None:
+        if self.token and self.handoff is not None:
+            self.handoff.done(self.token)
         record = self.record
         if record is None or record.released:
             return

@@ -1,8 +1,16 @@
 """A real Envoy in front of the EPP, for tests, the demo and benchmarks.
 
-The bootstrap mirrors the reference's test configuration: an ext_proc filter with
-FULL_DUPLEX_STREAMED bodies, and an ORIGINAL_DST upstream cluster routed on the
-`x-gateway-destination-endpoint` header the EPP sets.
+The bootstrap follows the reference's test configuration for the request (an ext_proc filter
+with FULL_DUPLEX_STREAMED request bodies, an ORIGINAL_DST upstream cluster routed on the
+`x-gateway-destination-endpoint` header the EPP sets) but, by default, keeps the response off
+the EPP: the picking filter has no response phase, and a second ext_proc filter in
+`observability_mode` reports the response headers, body chunks and end to the EPP without Envoy
+waiting for it (`epp/extproc/observer.py`), on the requests the EPP marks `x-epp-observe` (every
+streamed one, a sample of the others); the picking filter's `response_trailer_mode: SEND` keeps
+its stream open until the response ends, which is when the EPP releases the request. Requests that carry `x-gateway-model-name-rewrite`
+take a route whose picking filter does see the response, so the EPP can write the client's model
+name back into it. `response_body_mode="FULL_DUPLEX_STREAMED"` renders the reference's config
+instead (every response chunk through the EPP).
 
 Envoy sets PR_SET_PDEATHSIG on itself, so it must be started by the long-lived process that
 owns it (a pytest fixture, the demo), never from a short-lived wrapper.
@@ -43,6 +51,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+OBSERVER_FILTER = "epp-response-observer"
+PICKER_FILTER = "envoy.filters.http.ext_proc"
+
+
 @dataclass(slots=True)
 class EnvoyConfig:
     listen_port: int
@@ -50,24 +62,38 @@ class EnvoyConfig:
     epp_port: int
     epp_tls: bool = False
     request_body_mode: str = "FULL_DUPLEX_STREAMED"  # or BUFFERED
-    response_header_mode: str = "SEND"
-    response_body_mode: str = "FULL_DUPLEX_STREAMED"  # NONE keeps the EPP off the token path
+    response_header_mode: str = ""  # "": SEND when the response body goes to the EPP, else SKIP
+    # NONE (the default) keeps the EPP off the token path; FULL_DUPLEX_STREAMED is the reference's
+    response_body_mode: str = "NONE"
+    # With response_body_mode NONE: the observer filter reports the response to the EPP
+    observer: bool = True
     with_ext_proc: bool = True
     failure_mode_allow: bool = False
     upstream_timeout_s: float = 300.0
     # Without ext_proc the pool is a plain round-robin cluster over these "ip:port" upstreams.
     upstreams: tuple[str, ...] = ()
+    # More EPP replicas behind the ext_proc cluster (round-robin per stream), and a cap on the
+    # streams per HTTP/2 connection to the EPP: with `epp serve --workers N` the kernel spreads
+    # *connections* over the workers, so Envoy must open several (the shipped configs' 16; 0:
+    # Envoy's default, one connection per Envoy worker thread).
+    extra_epp_ports: tuple[int, ...] = ()
+    epp_max_concurrent_streams: int = 16
+
+    @property
+    def observed(self) -> bool:
+        """The response goes to the observer filter, not through the picking one."""
+        return self.with_ext_proc and self.observer and self.response_body_mode == "NONE"
 
     def render(self) -> str:
-        trailer = "SEND" if "FULL_DUPLEX" in (self.request_body_mode + self.response_body_mode) else "SKIP"
         tls = """
     transport_socket:
       name: envoy.transport_sockets.tls
       typed_config:
         "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
         common_tls_context: {}""" if self.epp_tls else ""
+        header_mode = self.response_header_mode or ("SKIP" if self.response_body_mode == "NONE" else "SEND")
         ext_proc = f"""
-          - name: envoy.filters.http.ext_proc
+          - name: {PICKER_FILTER}
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
               grpc_service:
@@ -77,12 +103,48 @@ class EnvoyConfig:
               message_timeout: 1000s
               allow_mode_override: true
               processing_mode:
-                request_header_mode: SEND
-                response_header_mode: {self.response_header_mode}
-                request_body_mode: {self.request_body_mode}
-                response_body_mode: {self.response_body_mode}
-                request_trailer_mode: {trailer}
-                response_trailer_mode: {trailer}""" if self.with_ext_proc else ""
+{_modes(self.request_body_mode, header_mode, self.response_body_mode, indent=16)}""" if self.with_ext_proc else ""
+        if self.observed:
+            ext_proc += f"""
+          - name: {OBSERVER_FILTER}
+            typed_config:
+              # Only on requests the picker marked x-epp-observe (matched on the headers as the
+              # picker left them): every other request skips the filter.
+              "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
+              xds_matcher:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      not_matcher:
+                        single_predicate:
+                          input:
+                            name: observe-token
+                            typed_config:
+                              "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                              header_name: x-epp-observe
+                          value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
+                    on_match:
+                      action:
+                        name: skip
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+              extension_config:
+                name: {OBSERVER_FILTER}
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+                  grpc_service:
+                    envoy_grpc: {{cluster_name: epp}}
+                    timeout: 10s
+                  failure_mode_allow: true
+                  observability_mode: true
+                  deferred_close_timeout: 10s
+                  processing_mode:
+                    request_header_mode: SEND
+                    response_header_mode: SEND
+                    request_body_mode: NONE
+                    response_body_mode: STREAMED
+                    request_trailer_mode: SKIP
+                    response_trailer_mode: SEND"""
         return f"""
 admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {self.admin_port}}}}}
@@ -101,9 +163,7 @@ static_resources:
             virtual_hosts:
             - name: all
               domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: pool, timeout: {self.upstream_timeout_s}s}}
+              routes:{self._routes()}
           http_filters:{ext_proc}
           - name: envoy.filters.http.router
             typed_config:
@@ -112,18 +172,52 @@ static_resources:
   - name: epp
     type: STATIC
     connect_timeout: 5s
+    # Every in-flight request holds an ext_proc stream until its response ends (two with the
+    # observer): Envoy's default of 1,024 concurrent streams per cluster would cap the pool.
+    circuit_breakers:
+      thresholds: [{{max_requests: 1000000, max_pending_requests: 1000000}}]
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
+        explicit_http_config: {{http2_protocol_options: {{{self._epp_streams()}}}}}
     load_assignment:
       cluster_name: epp
       endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address: {{socket_address: {{address: 127.0.0.1, port_value: {self.epp_port}}}}}{tls}
+      - lb_endpoints:{self._epp_endpoints()}{tls}
 """
 
+    def _epp_streams(self) -> str:
+        return f"max_concurrent_streams: {self.epp_max_concurrent_streams}" if self.epp_max_concurrent_streams else ""
+
+    def _epp_endpoints(self) -> str:
+        return "".join(f"""
+        - endpoint:
+            address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}"""
+                       for port in (self.epp_port, *self.extra_epp_ports))
+
+    def _routes(self) -> str:
+        """With the observer: requests whose model name is rewritten take the response through the
+        picking filter (an observer cannot change it back to the client's name)."""
+        route = f"route: {{cluster: pool, timeout: {self.upstream_timeout_s}s}}"
+        default = f"""
+              - match: {{prefix: "/"}}
+                {route}"""
+        if not self.observed:
+            return default
+        return f"""
+              - match:
+                  prefix: "/"
+                  headers: [{{name: x-gateway-model-name-rewrite, present_match: true}}]
+                {route}
+                typed_per_filter_config:
+                  {PICKER_FILTER}:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute
+                    overrides:
+                      processing_mode:
+{_modes(self.request_body_mode, "SEND", "FULL_DUPLEX_STREAMED", indent=24)}
+                  {OBSERVER_FILTER}:
+                    "@type": type.googleapis.com/envoy.config.route.v3.FilterConfig
+                    disabled: true""" + default
 
     def _pool_cluster(self) -> str:
         if self.with_ext_proc:
@@ -150,6 +244,18 @@ static_resources:
       cluster_name: pool
       endpoints:
       - lb_endpoints:{endpoints}"""
+
+
+def _modes(request_body: str, response_header: str, response_body: str, indent: int) -> str:
+    """A processing_mode block. FULL_DUPLEX_STREAMED bodies need their trailers sent; response
+    trailers are always SEND, which keeps the picking stream open until the response ends (so its
+    end is the request's end) even when nothing else of the response goes to the EPP."""
+    pad = " " * indent
+    request_trailer = "SEND" if request_body == "FULL_DUPLEX_STREAMED" else "SKIP"
+    response_trailer = "SEND"
+    return (f"{pad}request_header_mode: SEND\n{pad}response_header_mode: {response_header}\n"
+            f"{pad}request_body_mode: {request_body}\n{pad}response_body_mode: {response_body}\n"
+            f"{pad}request_trailer_mode: {request_trailer}\n{pad}response_trailer_mode: {response_trailer}")
 
 
 class EnvoyProcess:

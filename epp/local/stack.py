@@ -24,7 +24,7 @@ class StackConfig:
     secure_serving: bool = True
     with_epp: bool = True  # False: Envoy alone (no ext_proc), for baselines
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
-    response_body_mode: str = "FULL_DUPLEX_STREAMED"
+    response_body_mode: str = "NONE"  # the shipped config: an observer filter reports the response
     refresh_metrics_interval: float = 0.05
     debug_decision_header: bool = False
 
@@ -63,6 +63,8 @@ class LocalStack:
                 listen_port=free_port(), admin_port=free_port(), epp_port=epp_port or free_port(),
                 epp_tls=c.secure_serving, with_ext_proc=c.with_epp, upstreams=tuple(p.address for p in self.pods),
                 request_body_mode=c.request_body_mode, response_body_mode=c.response_body_mode,
+                # the decision header rides on the response headers, which then go through the EPP
+                response_header_mode="SEND" if c.debug_decision_header else "",
             ))
             self.envoy.start()
         except BaseException:

@@ -127,7 +127,9 @@ class PoolCollector(Collector):
                                           "Requests this EPP picked for the endpoint that have not ended (exact).",
                                           labels=labels),
             "age": GaugeMetricFamily("inference_pool_endpoint_metrics_age_seconds",
-                                     "Seconds since the endpoint's metrics were last scraped successfully (-1: never).",
+                                     "Seconds since the endpoint's metrics were last scraped successfully (-1: never). "
+                                     "An endpoint whose metrics do not move is polled less often, so its age grows "
+                                     "up to its inference_pool_endpoint_scrape_interval_seconds.",
                                      labels=labels),
             "up": GaugeMetricFamily("inference_pool_endpoint_scrape_up",
                                     "1 when the endpoint's last metrics scrape succeeded, else 0 (failed, or held "
@@ -156,12 +158,17 @@ class ScrapeCollector(Collector):
         self.datastore = datastore
         self.source: Callable[[], Mapping[str, ScrapeStats]] | None = None
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         family = CounterMetricFamily(
             "inference_pool_endpoint_invalid_metric_samples",
             "Scrapes of the endpoint rejected because this metric's value was out of bounds "
             "(not finite, a fraction above 1, a negative or fractional count, ...).",
             labels=["name", "endpoint", "model_server_pod", "metric"])
+        interval = GaugeMetricFamily(
+            "inference_pool_endpoint_scrape_interval_seconds",
+            "Seconds between the endpoint's metrics polls now: the configured interval, or up to a few times it "
+            "while its metrics do not move (back-off; the first change or failure returns it to the interval).",
+            labels=["name", "endpoint", "model_server_pod"])
         source = self.source
         if source is not None:
             pool = self.datastore.pool.name or "default"
@@ -171,7 +178,36 @@ class ScrapeCollector(Collector):
                     continue
                 for metric, count in stats.invalid.copy().items():
                     family.add_metric([pool, address, endpoint.name, metric], float(count))
+                if stats.interval > 0:
+                    interval.add_metric([pool, address, endpoint.name], stats.interval)
         yield family
+        yield interval
+
+
+class Children:
+    """A metric's label children by label values. prometheus_client's `labels()` takes a lock and
+    checks the values on every call, and the request path asks for the same few children thousands
+    of times a second; the label sets are already bounded (`BoundedFamily`), so is this table."""
+
+    __slots__ = ("_cache", "metric")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._cache: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, values: tuple[str, ...]) -> Any:
+        found = self._cache.get(values)
+        if found is None:
+            found = self._cache[values] = self.metric.labels(*values)
+        return found
+
+    def remove(self, values: tuple[str, ...]) -> None:
+        """Remove the series (a removed child is detached: updating it would expose nothing)."""
+        self._cache.pop(values, None)
+        try:
+            self.metric.remove(*values)
+        except KeyError:
+            pass
 
 
 def _histogram_lines(buckets: Sequence[float]) -> int:
@@ -303,6 +339,11 @@ class EppMetrics:
         self._flow_labels: dict[tuple[str, int, str, str], list[Any]] = {}  # raw -> [labels, requests]
         self._flow_queued: dict[tuple[str, ...], list[int]] = {}  # labels -> [requests, bytes]
         self.latency = LatencyMetrics(r, datastore)
+        self._children = {name: Children(getattr(self, name)) for name in (
+            "plugin_duration", "flow_queue_size", "flow_queue_bytes", "flow_queue_duration", "flow_rejections",
+            "flow_enqueue_seconds", "request_total", "request_sizes", "request_error_total", "scheduler_attempts",
+            "running_requests", "request_duration", "response_sizes", "input_tokens", "output_tokens",
+            "prompt_cached_tokens", "ntpot")}
 
     def ttft_predicted(self, request: InferenceRequest, predicted: float, observed: float) -> None:
         self.latency.ttft_predicted(predicted, observed)
@@ -311,7 +352,7 @@ class EppMetrics:
         self.latency.slo_outcome(outcome)
 
     def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
-        self.plugin_duration.labels(extension_point, plugin.type, plugin.name).observe(seconds)
+        self._children["plugin_duration"]((extension_point, plugin.type, plugin.name)).observe(seconds)
 
     def prefix_matched(self, ratio: float, hit_bytes: int) -> None:
         self.prefix_indexer_hit_ratio.observe(ratio)
@@ -351,27 +392,24 @@ class EppMetrics:
         held[1] += size
         if held[0] <= 0:  # drop the series of a flow that left: fairness ids are unbounded over time
             del self._flow_queued[labels]
-            for gauge in (self.flow_queue_size, self.flow_queue_bytes):
-                try:
-                    gauge.remove(*labels)
-                except KeyError:
-                    pass
+            for name in ("flow_queue_size", "flow_queue_bytes"):
+                self._children[name].remove(labels)
             self._flow_queue.release(labels)
             return
-        self.flow_queue_size.labels(*labels).set(held[0])
-        self.flow_queue_bytes.labels(*labels).set(held[1])
+        self._children["flow_queue_size"](labels).set(held[0])
+        self._children["flow_queue_bytes"](labels).set(held[1])
 
     def flow_request_done(self, fairness_id: str, priority: int, model: str, target_model: str,
                           outcome: str, seconds: float) -> None:
         labels = self._flow_duration.admit((fairness_id, str(priority), outcome, self._pool(), model, target_model))
-        self.flow_queue_duration.labels(*labels).observe(seconds)
+        self._children["flow_queue_duration"](labels).observe(seconds)
 
     def flow_rejected(self, reason: str, priority: int) -> None:
-        self.flow_rejections.labels(*self._flow_rejections.admit((reason, str(priority), self._pool()))).inc()
+        self._children["flow_rejections"](self._flow_rejections.admit((reason, str(priority), self._pool()))).inc()
 
     def flow_enqueue_duration(self, fairness_id: str, priority: int, outcome: str, seconds: float) -> None:
         labels = self._flow_enqueue.admit((fairness_id, str(priority), outcome))
-        self.flow_enqueue_seconds.labels(*labels).observe(seconds)
+        self._children["flow_enqueue_seconds"](labels).observe(seconds)
 
     def flow_dispatch_cycle(self, seconds: float) -> None:
         self.flow_cycle_seconds.observe(seconds)
@@ -380,13 +418,13 @@ class EppMetrics:
 
     def request_received(self, request: InferenceRequest) -> None:
         labels = self._request_total.admit((request.model, request.target_model, str(request.priority)))
-        self.request_total.labels(*labels).inc()
+        self._children["request_total"](labels).inc()
         labels = self._by_model["inference_objective_request_sizes"].admit((request.model, request.target_model))
-        self.request_sizes.labels(*labels).observe(request.body_size)
+        self._children["request_sizes"](labels).observe(request.body_size)
 
     def request_error(self, request: InferenceRequest, code: str) -> None:
         labels = self._request_error.admit((request.model, request.target_model, code))
-        self.request_error_total.labels(*labels).inc()
+        self._children["request_error_total"](labels).inc()
 
     def scheduled(self, request: InferenceRequest, endpoint: Endpoint | None, seconds: float) -> None:
         self.scheduler_e2e.observe(seconds)
@@ -395,14 +433,14 @@ class EppMetrics:
         else:
             labels = self._attempts.admit(("success", request.target_model, endpoint.name,
                                            endpoint.spec.namespace, str(endpoint.spec.port)))
-        self.scheduler_attempts.labels(*labels).inc()
+        self._children["scheduler_attempts"](labels).inc()
 
     def running_changed(self, model: str, delta: int) -> None:
         entry = self._running_labels.get(model)
         if entry is None:
             entry = self._running_labels[model] = [self._running.admit((model,))[0], 0]
         entry[1] += delta
-        self.running_requests.labels(entry[0]).inc(delta)
+        self._children["running_requests"]((entry[0],)).inc(delta)
         if entry[1] <= 0:
             del self._running_labels[model]
 
@@ -416,14 +454,14 @@ class EppMetrics:
         def labels(name: str) -> tuple[str, ...]:
             return by_model[name].admit(raw)
 
-        self.request_duration.labels(*labels("inference_objective_request_duration_seconds")).observe(elapsed)
+        self._children["request_duration"](labels("inference_objective_request_duration_seconds")).observe(elapsed)
         if response_bytes:
-            self.response_sizes.labels(*labels("inference_objective_response_sizes")).observe(response_bytes)
+            self._children["response_sizes"](labels("inference_objective_response_sizes")).observe(response_bytes)
         if usage is not None:
-            self.input_tokens.labels(*labels("inference_objective_input_tokens")).observe(usage.prompt_tokens)
-            self.output_tokens.labels(*labels("inference_objective_output_tokens")).observe(usage.completion_tokens)
-            self.prompt_cached_tokens.labels(*labels("inference_objective_prompt_cached_tokens")).observe(
+            self._children["input_tokens"](labels("inference_objective_input_tokens")).observe(usage.prompt_tokens)
+            self._children["output_tokens"](labels("inference_objective_output_tokens")).observe(usage.completion_tokens)
+            self._children["prompt_cached_tokens"](labels("inference_objective_prompt_cached_tokens")).observe(
                 usage.cached_tokens)
             if usage.completion_tokens > 0:
-                self.ntpot.labels(*labels("inference_objective_normalized_time_per_output_token_seconds")).observe(
+                self._children["ntpot"](labels("inference_objective_normalized_time_per_output_token_seconds")).observe(
                     elapsed / usage.completion_tokens)

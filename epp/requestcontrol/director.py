@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import orjson
 
@@ -57,6 +58,18 @@ class RequestRecord:
     outstanding: Outstanding | None = None  # its entry in the endpoint's ledger
 
 
+class SharedAccounting(Protocol):
+    """Hooks for request-path processes that share one view of the pool (`epp.scale`): the
+    director stays the exact accountant of its own picks; these fold the other processes' in and
+    publish its own. None (the default): this process alone."""
+
+    def refresh(self) -> None:
+        """Before a pick: bring the others' latest accounting into the endpoints."""
+
+    def changed(self, endpoint: Endpoint) -> None:
+        """This process's own accounting of `endpoint` moved (a pick, a first byte, an end)."""
+
+
 class Director:
     def __init__(
         self,
@@ -84,6 +97,7 @@ class Director:
         self.subset_filter = subset_filter
         self.trace = trace
         self._rng = rng or random.Random()
+        self.shared: SharedAccounting | None = None  # set by the runner with several workers or replicas
 
     # -- request path --
 
@@ -194,6 +208,8 @@ class Director:
         return Decision(targets=[endpoint], body=None), self._account(request, endpoint)
 
     def _schedule(self, request: InferenceRequest, candidates: list[Endpoint]) -> SchedulingResult:
+        if self.shared is not None:
+            self.shared.refresh()
         start = time.perf_counter()
         try:
             result = self.scheduler.schedule(request, candidates)
@@ -216,6 +232,8 @@ class Director:
         record = RequestRecord(request=request, endpoint=endpoint, tokens=tokens, admitted=admitted, start=now)
         if request.body is not None:
             record.outstanding = self._book(request, endpoint, result, now)
+        if self.shared is not None:
+            self.shared.changed(endpoint)
         return record
 
     def _book(self, request: InferenceRequest, endpoint: Endpoint, result: SchedulingResult | None,
@@ -279,6 +297,8 @@ class Director:
         observed = now - item.dispatched
         if item.step_feature or item.prefill_feature:
             service.observe(item.step_feature, item.prefill_feature, observed, ttft=True)
+        if self.shared is not None:
+            self.shared.changed(endpoint)
         if self.metrics:
             if item.predicted_ttft > 0.0:
                 self.metrics.ttft_predicted(record.request, item.predicted_ttft, observed)
@@ -327,6 +347,8 @@ class Director:
                 if record.request.stream:
                     self._learn_decode(record, usage, now)
                 load.release(record.outstanding, now)
+            if self.shared is not None:
+                self.shared.changed(endpoint)
         if usage is not None and not record.error_code and record.request.body is not None:
             self.datastore.models.get(record.request.target_model).observe(
                 len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)

@@ -50,16 +50,18 @@ def test_routing_cli_rejects_unknown_arms() -> None:
 def test_cost_parts_tiny(tmp_path: Path) -> None:
     out = tmp_path / "cost.md"
     rc = cost.main(["--endpoints", "2", "--duration", "0.3", "--concurrency", "4", "--prompt-requests", "3,1",
-                    "--prompt-concurrency", "1", "--scrape-seconds", "0.3", "--settle", "0.2",
+                    "--prompt-concurrency", "1", "--scrape-seconds", "0.3", "--settle", "0.2", "--age-samples", "1",
+                    "--pick-requests", "10",
                     "--stream-concurrency", "2", "--stream-tokens", "8", "--out", str(out)])
     _no_children_left()
     assert rc == 0
     text = out.read_text()
-    for heading in ("Highest request rate", "CPU per request", "Scraping cost", "token path"):
+    for heading in ("Highest request rate", "The pick alone", "CPU per request", "Scraping cost", "token path",
+                    "The floor"):
         assert heading in text
-    assert "100,000" in text and "NONE" in text
+    assert "100,000" in text and "shipped" in text and "reference" in text and "process ÷ in-loop" in text
     figures = json.loads(out.with_suffix(".json").read_text())
-    assert set(figures) == {"rate", "prompt", "scrape", "tokens"}  # what bench.summary reads
+    assert set(figures) == {"rate", "pick", "prompt", "scrape", "tokens", "floor"}  # what bench.summary reads
 
 
 def test_overhead_tiny(tmp_path: Path) -> None:
@@ -68,7 +70,7 @@ def test_overhead_tiny(tmp_path: Path) -> None:
                         "--concurrency", "2", "--out", str(out)])
     _no_children_left()
     assert rc == 0
-    assert "envoy + epp" in out.read_text()
+    assert "envoy + epp (shipped)" in out.read_text() and "envoy + epp (reference)" in out.read_text()
 
 
 def test_metrics_scrape_tiny(tmp_path: Path) -> None:

@@ -129,3 +129,20 @@ def test_standalone_envoy_bootstrap_is_valid_for_envoy(tmp_path: Path) -> None:
     result = subprocess.run([envoy, "--mode", "validate", "-c", str(MANIFESTS / "examples" / "standalone-envoy.yaml"),
                              "--base-id", "47"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_standalone_envoy_bootstrap_is_what_epp_local_renders() -> None:
+    """The shipped bootstrap and the one tests and the demo run are the same config (responses off
+    the EPP, the observer filter, the rewrite route)."""
+    from epp.local.envoy import EnvoyConfig
+
+    rendered = EnvoyConfig(8081, 19000, 9002).render().replace(
+        "{address: 127.0.0.1, port_value: 8081}", "{address: 0.0.0.0, port_value: 8081}")
+    shipped = yaml.safe_load((MANIFESTS / "examples" / "standalone-envoy.yaml").read_text())
+    assert shipped == yaml.safe_load(rendered)
+    filters = shipped["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "http_filters"]
+    picker, observer = filters[0]["typed_config"], filters[1]["typed_config"]["extension_config"]["typed_config"]
+    assert picker["processing_mode"]["response_body_mode"] == "NONE"
+    assert picker["processing_mode"]["response_header_mode"] == "SKIP"
+    assert observer["observability_mode"] is True and observer["failure_mode_allow"] is True

@@ -216,6 +216,19 @@ def test_lora_labels_are_bounded() -> None:
     assert result.metrics is None and "max_lora" in str(result.invalid[0])
 
 
+def test_all_the_names_of_a_scrape_fit_a_board_slot() -> None:
+    from epp.datalayer.validate import MAX_NAME_BYTES
+
+    names = [f"adapter-{i:04d}-" + "x" * 100 for i in range(MAX_NAME_BYTES // 100)]  # each short, many
+    body = vllm_body() + f'vllm:lora_requests_info{{max_lora="4",waiting_lora_adapters="{",".join(names)}"}} 1\n'.encode()
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is None and result.invalid[0].metric == "vllm:lora_requests_info"
+    assert f"at most {MAX_NAME_BYTES}" in result.invalid[0].detail
+    fewer = ",".join(names[:50])
+    body = vllm_body() + f'vllm:lora_requests_info{{max_lora="4",waiting_lora_adapters="{fewer}"}} 1\n'.encode()
+    assert extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0).metrics is not None
+
+
 def test_model_names_are_read_and_bounded() -> None:
     result = extract_metrics(VLLM, vllm_body(), EMPTY_METRICS, now=1.0)
     assert result.metrics is not None and result.metrics.models == frozenset({"m"})

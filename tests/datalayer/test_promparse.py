@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from epp.datalayer.promparse import CACHE_MIN_LINE, MetricsParseError, WantedNames, parse_wanted
+from epp.datalayer.promparse import MetricsParseError, PageMemory, WantedNames, parse_wanted
 
 from .helpers import fixture_body
 
@@ -157,12 +157,55 @@ def test_wanted_names_are_reusable_and_deduplicated() -> None:
     assert parse_wanted(body, wanted) == parse_wanted(body, wanted)
 
 
-def test_line_cache_returns_identical_samples_for_identical_long_lines() -> None:
+def test_page_memory_parses_only_what_changed_and_gives_the_same_result() -> None:
     body = fixture_body("busy")
-    cache: dict = {}
-    first = parse_wanted(body, VLLM, cache)
-    second = parse_wanted(body, VLLM, cache)
+    memory = PageMemory()
+    first = parse_wanted(body, VLLM, memory)
+    assert not memory.unchanged  # nothing to compare with yet
+    second = parse_wanted(body, VLLM, memory)
+    assert memory.unchanged
     assert second["vllm:cache_config_info"][0] is first["vllm:cache_config_info"][0]
-    assert second["vllm:num_requests_running"][0] is not first["vllm:num_requests_running"][0]
-    assert all(len(line) >= CACHE_MIN_LINE for line in cache)
-    assert second == parse_wanted(body, VLLM)
+    assert second == first == parse_wanted(body, VLLM)
+    # a value moves (and shifts every later offset): only that family is parsed again, and the
+    # unchanged label set of its line is reused
+    moved = body.replace(b'vllm:num_requests_running{engine="0",model_name="tiny"} 4.0',
+                         b'vllm:num_requests_running{engine="0",model_name="tiny"} 1234.0')
+    assert moved != body
+    third = parse_wanted(moved, VLLM, memory)
+    assert not memory.unchanged
+    assert third == parse_wanted(moved, VLLM)
+    assert third["vllm:num_requests_running"][0].value == 1234.0
+    assert third["vllm:num_requests_running"][0].labels is first["vllm:num_requests_running"][0].labels
+    assert third["vllm:cache_config_info"][0] is first["vllm:cache_config_info"][0]
+
+
+def test_page_memory_finds_families_that_moved_far_or_went_away() -> None:
+    body = b"a 1\nb{x=\"1\"} 2\nb{x=\"2\"} 3\nc 4\n"
+    memory = PageMemory()
+    assert parse_wanted(body, ["b", "c"], memory) == parse_wanted(body, ["b", "c"])
+    shifted = b"# " + b"x" * 5000 + b"\n" + body  # far beyond the search window
+    assert parse_wanted(shifted, ["b", "c"], memory) == parse_wanted(shifted, ["b", "c"])
+    shorter = b"b{x=\"2\"} 3\nc 4\n"  # the family now starts at offset 0, one line fewer
+    assert parse_wanted(shorter, ["b", "c"], memory) == parse_wanted(shorter, ["b", "c"])
+    gone = b"c 4\n"
+    assert parse_wanted(gone, ["b", "c"], memory) == {"c": parse_wanted(gone, ["c"])["c"]}
+    assert not memory.unchanged
+
+
+def test_page_memory_looks_for_an_absent_family_again_after_some_polls() -> None:
+    memory = PageMemory(recheck_absent=3)
+    assert parse_wanted(b"a 1\n", ["a", "b"], memory).keys() == {"a"}
+    with_b = b"a 1\nb 2\n"
+    seen = [("b" in parse_wanted(with_b, ["a", "b"], memory)) for _ in range(4)]
+    assert seen == [False, False, False, True]  # skipped three polls, then found
+    assert not memory.unchanged
+    assert "b" in parse_wanted(with_b, ["a", "b"], memory) and memory.unchanged
+
+
+def test_page_memory_still_reports_errors_in_changed_lines() -> None:
+    memory = PageMemory()
+    parse_wanted(b"m{a=\"1\"} 1\n", ["m"], memory)
+    with pytest.raises(MetricsParseError, match="value is not a number"):
+        parse_wanted(b"m{a=\"1\"} nope\n", ["m"], memory)
+    with pytest.raises(MetricsParseError, match="malformed"):
+        parse_wanted(b"m{a=\"1\"\n", ["m"], memory)

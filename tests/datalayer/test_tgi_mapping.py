@@ -98,3 +98,17 @@ async def test_the_scraper_says_once_per_pod_what_tgi_cannot_tell(caplog: pytest
         await server.close()
     said = [r.getMessage() for r in caplog.records if "exports no KV-cache utilisation" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("endpoint tgi-a: engine 'tgi': TGI exports no KV-cache")
+
+
+def test_a_gauge_created_on_first_use_is_seen_at_once_with_page_memory() -> None:
+    from epp.datalayer.promparse import PageMemory
+
+    ex = CoreMetricsExtractor()
+    ep = endpoint()
+    memory = PageMemory(recheck_absent=100)
+    first = ex.extract(ep, FRESH, now=1.0, memory=memory).metrics
+    assert first is not None and first.waiting_queue_size == 0
+    ep.update_metrics(first)
+    expected = ex.extract(ep, BUSY, now=2.0).metrics  # without memory
+    later = ex.extract(ep, BUSY, now=2.0, memory=memory).metrics  # the gauges exist now: seen at once
+    assert later is not None and later == expected and later.waiting_queue_size > 0

@@ -159,3 +159,47 @@ async def test_a_pod_that_dies_is_not_fatal(stack: LocalStack) -> None:
 
 
 del EndpointSpec, replace
+
+
+async def test_the_shipped_config_keeps_responses_off_the_epp_and_still_learns_the_first_token(
+        stack: LocalStack) -> None:
+    """The default Envoy config: the picking filter has no response phase, the observer filter
+    reports the first token (the service model learns from it), the usage and the end."""
+    assert stack.envoy is not None and stack.envoy.config.observed
+    assert stack.picker is not None
+    before = sum(ep.service.observations for ep in stack.picker.datastore.endpoints())
+    async with aiohttp.ClientSession() as session:
+        for i in range(3):
+            async with session.post(f"{stack.url}/v1/completions", json={
+                    "model": FAST.model, "prompt": f"stream me {i}", "max_tokens": 12, "stream": True,
+                    "stream_options": {"include_usage": True}}) as r:
+                assert r.status == 200
+                await r.read()
+    await wait_for(lambda: inflight(stack) == 0)
+    assert sum(ep.service.observations for ep in stack.picker.datastore.endpoints()) > before  # TTFT and ITL learned
+    assert stack.picker.metrics.registry.get_sample_value(
+        "inference_objective_output_tokens_sum", {"model_name": FAST.model, "target_model_name": FAST.model}) == 36
+    stats = stack.envoy.stats("http.inference.ext_proc")
+    assert stats and not any(v for k, v in stats.items() if "failed" in k or "timeout" in k), stats
+    # Observer streams only for the requests the EPP marked: every streamed one, one in eight others.
+    async with aiohttp.ClientSession() as session:
+        for i in range(8):
+            status, _ = await post(session, stack.url, {"model": FAST.model, "prompt": f"plain {i}", "max_tokens": 2})
+            assert status == 200
+    await wait_for(lambda: inflight(stack) == 0)
+    started = stack.envoy.stats("http.inference.ext_proc.streams_started")["http.inference.ext_proc.streams_started"]
+    assert started == 11 + 3 + 1, started  # 11 picks, 3 streamed observed, 1 of the 8 plain ones
+
+
+async def test_a_rewritten_model_name_is_written_back_on_the_shipped_config(stack: LocalStack) -> None:
+    """Requests that rename the model take the route whose picking filter sees the response (an
+    observer cannot change it), so the client reads back the name it sent."""
+    async with aiohttp.ClientSession() as session:
+        for stream in (False, True):
+            async with session.post(f"{stack.url}/v1/completions", json={
+                    "model": "my-alias", "prompt": "hello", "max_tokens": 3, "stream": stream},
+                    headers={"x-gateway-model-name-rewrite": FAST.model}) as r:
+                assert r.status == 200
+                body = await r.read()
+            assert b'"model":"my-alias"' in body.replace(b" ", b"") and FAST.model.encode() not in body, body[:300]
+    await wait_for(lambda: inflight(stack) == 0)

@@ -142,7 +142,8 @@ async def central_setup() -> AsyncIterator[Setup]:
     pods = await start_pods(3, config=SIM)
     port = free_port()
     p = await picker(pods, config(f'{{zmqEndpoint: "tcp://127.0.0.1:{port}", topicFilter: "kv@"}}'))
-    envoy = EnvoyProcess(EnvoyConfig(listen_port=free_port(), admin_port=free_port(), epp_port=p.grpc_port))
+    envoy = EnvoyProcess(EnvoyConfig(listen_port=free_port(), admin_port=free_port(), epp_port=p.grpc_port,
+                                     response_header_mode="SEND"))  # the decision header rides on it
     publishers = [Publisher(f"tcp://127.0.0.1:{port}", f"kv@{pod.address}@tiny") for pod in pods]  # connect mode
     try:
         envoy.start()
@@ -202,7 +203,10 @@ async def test_two_epps_behind_one_envoy_pick_the_same_pod() -> None:
                   f'replay: {{endpoints: {{{replays}}}}}}}')
     pickers = [await picker(pods, text), await picker(pods, text)]
     envoy = EnvoyProcess(TwoEppEnvoy(listen_port=free_port(), admin_port=free_port(), epp_port=pickers[0].grpc_port,
-                                     second_epp_port=pickers[1].grpc_port))
+                                     second_epp_port=pickers[1].grpc_port, response_header_mode="SEND",
+                                     # streams alternate between the EPPs: an observer stream would
+                                     # always land on the other one (and this counts picks per EPP)
+                                     observer=False))
     try:
         envoy.start()
         setup = Setup(pods, pickers, envoy, {pod.address: Engine(pub) for pod, pub in zip(pods, publishers)})

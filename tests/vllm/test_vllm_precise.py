@@ -93,7 +93,8 @@ async def cluster(work: Path) -> AsyncIterator[tuple[list[Server], EndpointPicke
     picker = EndpointPicker(options, discovery=discovery)
     await picker.start()  # the SUB is bound before the servers connect
     servers = [Server(model, p, events_port, work / f"vllm-{p}.log") for p in ports]
-    envoy = EnvoyProcess(EnvoyConfig(listen_port=free_port(), admin_port=free_port(), epp_port=picker.grpc_port))
+    envoy = EnvoyProcess(EnvoyConfig(listen_port=free_port(), admin_port=free_port(), epp_port=picker.grpc_port,
+                                     response_header_mode="SEND"))  # the decision header rides on it
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             await asyncio.gather(*(s.ready(session) for s in servers))

@@ -39,7 +39,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* Leader election follows replicas > 1, as the reference chart; a flag can also ask for it. */}}
 {{- define "epp.ha" -}}
 {{- $flag := index .Values.inferenceExtension.flags "ha-enable-leader-election" | default false -}}
-{{- if or (gt (int .Values.inferenceExtension.replicas) 1) (eq (toString $flag) "true") -}}true{{- end -}}
+{{- $several := and (gt (int .Values.inferenceExtension.replicas) 1) (not .Values.inferenceExtension.activeActive.enabled) -}}
+{{- if or $several (eq (toString $flag) "true") -}}true{{- end -}}
+{{- end -}}
+
+{{- /* The bundled Valkey's labels: its own name, so no EPP selector ever matches it. */ -}}
+{{- define "epp.storeLabels" -}}
+app.kubernetes.io/name: epp-valkey
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: replica-store
+{{- end -}}
+
+{{- /* The Redis/Valkey URL of active-active replicas, as the EPP_REPLICAS_URL env entry. */ -}}
+{{- define "epp.replicasUrlEnv" -}}
+{{- $aa := .Values.inferenceExtension.activeActive -}}
+- name: EPP_REPLICAS_URL
+{{- if $aa.urlSecret.name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $aa.urlSecret.name }}
+      key: {{ $aa.urlSecret.key | default "url" }}
+{{- else if $aa.url }}
+  value: {{ $aa.url | quote }}
+{{- else if $aa.bundled.enabled }}
+  value: {{ printf "redis://%s-valkey.%s.svc:6379/0" (include "epp.name" .) .Release.Namespace | quote }}
+{{- else }}
+{{- fail "inferenceExtension.activeActive needs url, urlSecret.name or bundled.enabled" }}
+{{- end }}
 {{- end -}}
 
 {{- define "inferencepool.group" -}}

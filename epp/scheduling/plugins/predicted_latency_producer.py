@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from epp.api.request import InferenceRequest
 from epp.datastore import Datastore, Endpoint, ModelStats, StepCosts
+from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
 from epp.params import Params
 from epp.scheduling.framework import CycleState, DataProducer, Plugin
 from epp.scheduling.plugins._requires import unique_name
@@ -146,9 +147,9 @@ class PredictedLatencyProducer(DataProducer):
         arrivals = self._arrival_rate(now) / max(1, len(endpoints))
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         predictions = cycle.predictions
-        for ep in endpoints:
-            predictions[ep.address] = self.predict(ep, match, prompt, output, now, stats, source, arrivals,
-                                                   request.target_model)
+        for ep, prediction in zip(endpoints, self.predict_all(endpoints, match, prompt, output, now, stats, source,
+                                                              arrivals, request.target_model)):
+            predictions[ep.address] = prediction
 
     def _arrival_rate(self, now: float) -> float:
         """Requests per second reaching the pool, counting this one."""
@@ -159,6 +160,100 @@ class PredictedLatencyProducer(DataProducer):
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
+        """One candidate's prediction (`predict_all` of one)."""
+        return self.predict_all([ep], match, prompt, output, now, stats, source, arrivals_per_pod, model)[0]
+
+    def predict_all(self, endpoints: list[Endpoint], match: PrefixMatch | None, prompt: int, output: int,
+                    now: float, stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0,
+                    model: str = "") -> list[Prediction]:
+        """Every candidate's prediction. This runs for each candidate of every request, so the
+        per-request terms are computed once and the cheap cases of each wait are decided inline;
+        it computes exactly what `_predict` (the readable form, kept for reference) does, in the
+        same order of operations, so the results are identical to the last bit (a test holds
+        them so on random states)."""
+        mean_output = stats.mean_output_tokens
+        mean_prompt = stats.mean_prompt_tokens
+        unexplained_context = mean_prompt + mean_output * 0.5
+        half_output = output * 0.5
+        prompt_context = prompt + half_output
+        learn = self.learn
+        exp = math.exp
+        if match is not None:
+            per_block = match.tokens_per_block or match.block_size_tokens
+            matched, weighted, evicted_tokens = match.matched, match.weighted, match.evicted_tokens
+        out: list[Prediction] = []
+        append = out.append
+        for ep in endpoints:
+            load, service, metrics = ep.load, ep.service, ep.metrics
+            prior = service.prior
+            if match is not None:
+                address = ep.address
+                credit = weighted.get(address) if weighted else None
+                if credit is None:
+                    credit = float(matched.get(address, 0))
+                cached = min(int(credit * per_block), prompt - 1)
+                evicted = evicted_tokens.get(address, 0) if evicted_tokens else 0
+            else:
+                cached = evicted = 0
+            own = prompt - cached
+            decoding = float(load.decoding)
+            context = float(load.context_tokens)
+            waiting_queue = metrics.waiting_queue_size
+            unexplained = max(0, waiting_queue + metrics.running_requests - load.requests_at_scrape)
+            if unexplained:
+                decoding += unexplained
+                context += unexplained * unexplained_context
+            queued = load.backlog_at(now) if load.pending else max(0.0, float(load.prefill_backlog))
+            if waiting_queue > load.pending_at_scrape:
+                queued += (waiting_queue - load.pending_at_scrape) * mean_prompt
+            pairs = load.prefill_pairs + own * (cached + own * 0.5)
+            # ServiceModel.ttft(queued + own, pairs, decoding, context), inline
+            step_scale, prefill_scale = service.step_scale, service.prefill_scale
+            overhead, per_seq, per_context = prior.overhead, prior.per_decode_seq, prior.per_context_token
+            per_prefill = prior.per_prefill_token
+            prefill_tokens = queued + own
+            budget = max(1.0, prior.max_batched_tokens - decoding)
+            steps = max(1, math.ceil(prefill_tokens / budget))
+            waits = steps + (0.5 if decoding > 0 else 0.0)
+            step_feature = waits * (overhead + per_seq * decoding + per_context * context)
+            prefill_feature = per_prefill * prefill_tokens + prior.per_attention_pair * pairs
+            prefill_seconds = step_scale * step_feature + prefill_scale * prefill_feature
+            wait = 0.0
+            if decoding > 0.0:
+                if load.requests + unexplained >= prior.max_num_seqs:
+                    wait = self._slot_wait(ep, decoding, context, output, mean_output, unexplained)
+                m = metrics
+                if m.cache_num_blocks * m.cache_block_size > 0:
+                    wait += self._kv_wait(ep, own, decoding, context, mean_output)
+            if model and metrics.max_active_models > 0:
+                wait += self._adapter_wait(ep, model, decoding, context, mean_output)
+            step = step_scale * (overhead + per_seq * (decoding + 1.0) + per_context * (context + prompt))
+            itl = step + prefill_scale * per_prefill * min(queued, prior.max_batched_tokens)
+            share = step_scale * (per_seq + per_context * prompt_context)
+            own_seconds = prefill_scale * (per_prefill * own + prior.per_attention_pair * own * (cached + own * 0.5))
+            work = own_seconds + output * share
+            # EndpointLoad.utilization_at / rate_at, inline (one decay for both)
+            work_rate, pick_rate = load.work_rate, load.pick_rate
+            if work_rate > 0.0 or pick_rate > 0.0:
+                decay = exp(-max(0.0, now - load.rates_at) / LOAD_RATE_WINDOW)
+                utilization = work_rate * decay if work_rate > 0.0 else 0.0
+                rate = pick_rate * decay if pick_rate > 0.0 else 0.0
+            else:
+                utilization = rate = 0.0
+            u = min(_MAX_UTILIZATION, utilization)
+            arrivals = max(rate, arrivals_per_pod)
+            lifetime = output * step
+            externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
+            if evicted:
+                externality += prefill_scale * per_prefill * evicted
+            ttft = prefill_seconds + wait
+            append(Prediction(ttft, ttft + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
+                              itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work))
+        return out
+
+    def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
+                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
+        """The prediction for one candidate, term by term (what `predict_all` computes faster)."""
         load, service, metrics = ep.load, ep.service, ep.metrics
         mean_output = stats.mean_output_tokens
         prior = service.prior

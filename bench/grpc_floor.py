@@ -1,0 +1,72 @@
+"""The floor under the EPP's per-request and per-chunk CPU: an ext_proc server that does nothing.
+
+It speaks the same protocol as the EPP on the same stack (grpc.aio on uvloop, one process) and
+answers as little as the protocol allows: the destination (round-robin over the endpoints it is
+given) after the request body, the body re-streamed, each response chunk echoed on the reference
+config, nothing to an observer stream (which, as with the EPP, runs for streamed requests only). Whatever the EPP costs above this is its own work; this
+much is the price of gRPC in Python, and no optimisation of the EPP's code goes below it.
+
+    python -m bench.grpc_floor PORT_FILE ENDPOINT...   # writes its port to PORT_FILE, serves until killed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from epp.api.headers import OBSERVE_TOKEN
+from epp.extproc import messages
+
+
+class Floor(pb_grpc.ExternalProcessorServicer):
+    def __init__(self, endpoints: list[str]) -> None:
+        self.endpoints = endpoints
+        self.picks = 0
+
+    async def Process(self, requests: AsyncIterator[pb.ProcessingRequest],  # noqa: N802 (gRPC name)
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessingResponse]:
+        body = b""
+        async for m in requests:
+            kind = m.WhichOneof("request")
+            if m.observability_mode:
+                if kind == "response_body" and m.response_body.end_of_stream or kind == "response_trailers":
+                    return
+                continue
+            if kind == "request_body":
+                body += m.request_body.body
+                if m.request_body.end_of_stream:
+                    self.picks += 1
+                    target = self.endpoints[self.picks % len(self.endpoints)]
+                    headers = {messages.DESTINATION: target, "content-length": str(len(body))}
+                    if b'"stream":true' in body:  # as the EPP: streamed responses are observed
+                        headers[OBSERVE_TOKEN] = "0" * 16
+                    yield messages.request_headers_response(headers, [], target)
+                    for reply in messages.streamed_request_body(body):
+                        yield reply
+            elif kind == "response_headers":
+                yield messages.response_headers_response({})
+            elif kind == "response_body":
+                yield messages.streamed_response_body(m.response_body.body, m.response_body.end_of_stream)
+            elif kind == "response_trailers":
+                yield messages.response_trailers_response()
+
+
+async def serve(port_file: Path, endpoints: list[str]) -> None:
+    server = grpc.aio.server()
+    pb_grpc.add_ExternalProcessorServicer_to_server(Floor(endpoints), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    port_file.write_text(str(port))
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.run(serve(Path(sys.argv[1]), sys.argv[2:]))

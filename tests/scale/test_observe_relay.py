@@ -1,0 +1,83 @@
+"""An observer stream that lands on another worker than the pick's: what it sees is relayed to the
+picking worker over its observation socket (real Unix datagram sockets) and replayed there."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.api.headers import OBSERVE_TOKEN
+from epp.extproc.observer import ObserverStream
+from epp.scale.observe import MemberHandoff, Relay
+
+from .helpers import wait_for
+
+
+class Picker:
+    """Records what an observer reports, as a picking `RequestStream` would act on it."""
+
+    def __init__(self) -> None:
+        self.observer_attached = False
+        self.seen: list[tuple[str, object]] = []
+
+    def response_headers_seen(self, message: pb.ProcessingRequest) -> dict[str, str]:
+        self.seen.append(("headers", message.response_headers.headers.headers[0].key))
+        return {}
+
+    def response_chunk_seen(self, chunk: bytes, end_of_stream: bool) -> bytes:
+        self.seen.append(("chunk", (len(chunk), end_of_stream)))
+        return chunk
+
+    def response_ended(self) -> None:
+        self.seen.append(("end", None))
+
+
+def message(**kind: object) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(observability_mode=True, **kind)  # type: ignore[arg-type]
+
+
+async def test_an_observer_on_another_worker_reports_to_the_picking_one(tmp_path: Path) -> None:
+    relays = [Relay(str(tmp_path), m) for m in range(2)]
+    handoffs = [MemberHandoff(m, relays[m]) for m in range(2)]
+    for relay, handoff in zip(relays, handoffs):
+        await relay.start(handoff)
+    try:
+        picker = Picker()
+        token = handoffs[0].expect(picker)  # type: ignore[arg-type]  # worker 0 picked
+        assert token.startswith("00") and handoffs[1].local(token) is None
+        observer = ObserverStream(handoffs[1])  # worker 1 got the observer stream
+        observer.handle(message(request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
+            headers=[base_pb2.HeaderValue(key=OBSERVE_TOKEN, raw_value=token.encode())]))))
+        assert not observer.ended
+        observer.handle(message(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
+            headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")]))))
+        big = b"x" * (150 << 10)  # split over several datagrams, in order
+        observer.handle(message(response_body=pb.HttpBody(body=b"data: first\n\n")))
+        observer.handle(message(response_body=pb.HttpBody(body=big, end_of_stream=True)))
+        await wait_for(lambda: ("end", None) in picker.seen, timeout=5, what="the relayed end")
+        assert picker.observer_attached
+        chunks = [v for k, v in picker.seen if k == "chunk"]
+        assert picker.seen[0] == ("headers", ":status")
+        assert chunks[0] == (13, False) and sum(n for n, _ in chunks[1:]) == len(big) and chunks[-1][1]
+        assert relays[1].dropped == 0 and relays[0].received == len(picker.seen) + 1  # + the attachment
+    finally:
+        for relay in relays:
+            relay.close()
+
+
+async def test_a_token_of_a_worker_that_is_gone_is_dropped_not_raised(tmp_path: Path) -> None:
+    relay = Relay(str(tmp_path), 1)
+    handoff = MemberHandoff(1, relay)
+    await relay.start(handoff)
+    try:
+        observer = ObserverStream(handoff)
+        observer.handle(message(request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
+            headers=[base_pb2.HeaderValue(key=OBSERVE_TOKEN, raw_value=b"07" + b"ab" * 8)]))))
+        observer.handle(message(response_body=pb.HttpBody(body=b"data", end_of_stream=True)))
+        await asyncio.sleep(0)
+        assert relay.dropped >= 1  # worker 7 has no socket: the observation is lost, counted
+    finally:
+        relay.close()
