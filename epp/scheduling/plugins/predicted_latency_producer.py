@@ -177,6 +177,7 @@ class PredictedLatencyProducer(DataProducer):
         half_output = output * 0.5
         prompt_context = prompt + half_output
         learn = self.learn
+        configured_seqs = self.prior.max_num_seqs
         exp = math.exp
         if match is not None:
             per_block = match.tokens_per_block or match.block_size_tokens
@@ -220,7 +221,7 @@ class PredictedLatencyProducer(DataProducer):
             prefill_seconds = step_scale * step_feature + prefill_scale * prefill_feature
             wait = 0.0
             if decoding > 0.0:
-                if load.requests + unexplained >= prior.max_num_seqs:
+                if load.requests + unexplained >= ep.batch_limit.limit(configured_seqs):
                     wait = self._slot_wait(ep, decoding, context, output, mean_output, unexplained)
                 m = metrics
                 if m.cache_num_blocks * m.cache_block_size > 0:
