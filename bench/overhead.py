@@ -154,8 +154,7 @@ async def measure_workers(args: argparse.Namespace) -> str:
             procs.append(proc)
             wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=proc, timeout=120)
             envoy = EnvoyProcess(EnvoyConfig(listen, admin, grpc_port, epp_tls=True,
-                                             epp_max_concurrent_streams=args.epp_streams,
-                                             response_body_mode=args.response_body_mode))
+                                             epp_max_concurrent_streams=args.epp_streams))
             envoy.start()
             envoys.append(envoy)
             paths[f"envoy + epp --workers {workers}"] = envoy.url + "/v1/completions"

@@ -175,6 +175,7 @@ class PredictedLatencyProducer(DataProducer):
         mean_prompt = stats.mean_prompt_tokens
         unexplained_context = mean_prompt + mean_output * 0.5
         half_output = output * 0.5
+        priced = min(output, mean_output)
         prompt_context = prompt + half_output
         learn = self.learn
         configured_seqs = self.prior.max_num_seqs
@@ -232,7 +233,7 @@ class PredictedLatencyProducer(DataProducer):
             itl = step + prefill_scale * per_prefill * min(queued, prior.max_batched_tokens)
             share = step_scale * (per_seq + per_context * prompt_context)
             own_seconds = prefill_scale * (per_prefill * own + prior.per_attention_pair * own * (cached + own * 0.5))
-            work = own_seconds + output * share
+            work = own_seconds + priced * share
             # EndpointLoad.utilization_at / rate_at, inline (one decay for both)
             work_rate, pick_rate = load.work_rate, load.pick_rate
             if work_rate > 0.0 or pick_rate > 0.0:
@@ -243,7 +244,7 @@ class PredictedLatencyProducer(DataProducer):
                 utilization = rate = 0.0
             u = min(_MAX_UTILIZATION, utilization)
             arrivals = max(rate, arrivals_per_pod)
-            lifetime = output * step
+            lifetime = priced * step
             externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
@@ -286,10 +287,14 @@ class PredictedLatencyProducer(DataProducer):
         share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
         own_seconds = service.prefill_scale * (prior.per_prefill_token * own
                                                + prior.per_attention_pair * own * (cached + own * 0.5))
-        work = own_seconds + output * share
+        # Its decode is priced at no more than the model's mean output: a long generation's tail
+        # is spread over pods by then (requests end, others start) and a price that grows with it
+        # would make every pod a long one touches look saturated (u at its cap) for seconds.
+        priced = min(output, mean_output)
+        work = own_seconds + priced * share
         u = min(_MAX_UTILIZATION, load.utilization_at(now))
         arrivals = max(load.rate_at(now), arrivals_per_pod)
-        lifetime = output * step  # its decode, at the pod's steady step (the queued prefill passes)
+        lifetime = priced * step  # its decode, at the pod's steady step (the queued prefill passes)
         externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
         # A full cache evicts some other prompt's prefix for this one's new blocks: that prompt's
         # next request pays the prefill again.
