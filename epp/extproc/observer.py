@@ -17,7 +17,7 @@ EPP that picked, whatever happens to the observer. The observer adds what only t
 The two streams meet through a token: when the picker has no response phase it adds
 `x-epp-observe: <random token>` to the request headers (overwriting any the client sent), and
 the observer's first message carries it back (`Handoff`). Only the requests whose response is
-worth observing get one — every streamed request, a sample of the others (`UNSTREAMED_SAMPLE`) —
+worth observing get one — every streamed request, and the others unless sampled (`UNSTREAMED_SAMPLE`) —
 and the shipped Envoy configs run the observer only on requests that carry the header (the
 picker's reply clears the route cache, so the route is chosen again on what it left): an observer
 stream costs the EPP about as much as the pick. The observer's last chunks may be read
@@ -46,10 +46,12 @@ log = logging.getLogger("epp.extproc")
 _TOKEN_BYTES = 8  # 64 random bits: a live token cannot be guessed
 _TOKEN_CHARS = 2 * _TOKEN_BYTES
 DEFAULT_GRACE = 1.0  # seconds an ended pick waits for its observer's last chunks
-# Non-streamed requests observed: one in this many. Their usage only refines per-model averages
-# (output length, characters per token), which a sample learns as well, and an observer stream
-# costs the EPP about as much CPU as the pick itself.
-UNSTREAMED_SAMPLE = 8
+# Non-streamed requests observed: one in this many. Every one by default: their usage is what
+# token-weighted fairness charges a flow, what the reference's token metrics
+# (inference_objective_input/output_tokens) count and what the output-length model learns from,
+# and a sample would make all three lie. An observer stream costs the EPP about as much CPU as
+# the pick, so a pool that needs the CPU more than those can sample (`Handoff(unstreamed_sample)`).
+UNSTREAMED_SAMPLE = 1
 
 
 class Handoff:

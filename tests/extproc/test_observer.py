@@ -140,16 +140,23 @@ async def test_with_the_response_through_the_picker_no_token_is_issued() -> None
         await until(lambda: inflight(picker) == 0, "the release")
 
 
-async def test_streamed_requests_are_always_observed_and_one_in_eight_others() -> None:
+async def test_every_request_is_observed_unless_plain_ones_are_sampled() -> None:
     async with running_picker() as picker, channel_to(picker) as channel:
-        marked = []
-        for i in range(16):
-            client = ExtProcClient(channel)
-            body = orjson.dumps({"model": "m", "prompt": f"hello {i}", "max_tokens": 2, "stream": i % 2 == 0})
-            await client.send(picker_headers(), body_msg(body))
-            reply, _ = await client.recv(2)
-            marked.append((i % 2 == 0, TOKEN in set_headers(reply)))
-            await client.close()
+        async def marks() -> list[tuple[bool, bool]]:
+            marked = []
+            for i in range(16):
+                client = ExtProcClient(channel)
+                body = orjson.dumps({"model": "m", "prompt": f"hello {i}", "max_tokens": 2, "stream": i % 2 == 0})
+                await client.send(picker_headers(), body_msg(body))
+                reply, _ = await client.recv(2)
+                marked.append((i % 2 == 0, TOKEN in set_headers(reply)))
+                await client.close()
+            return marked
+
+        marked = await marks()  # the default: usage of every response counts (metrics, fairness)
+        assert all(has for _, has in marked)
+        picker.extproc.handoff.unstreamed_sample = 8
+        marked = await marks()
         assert all(has for streamed, has in marked if streamed)
         assert sum(has for streamed, has in marked if not streamed) == 1  # 8 plain ones: one observed
         await until(lambda: inflight(picker) == 0 and len(picker.extproc.handoff) == 0, "the releases")
