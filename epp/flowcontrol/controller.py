@@ -416,8 +416,8 @@ class FlowController:
                 out.append(ep)  # a flow with nothing here may take any slot the gate allows
                 continue
             slots = ledger.slots(ep)
-            if reserve and ledger.of(ep).inflight >= slots - reserve:
-                continue  # the last `reserve` slots are for flows with nothing here
+            if reserve and ledger.of(ep).inflight >= slots - ledger.reserve(ep, reserve):
+                continue  # the last reserved slots are for flows with nothing here
             if contended and held >= max(1, slots // active):
                 by_share = True
                 continue
@@ -430,7 +430,7 @@ class FlowController:
             if ep in gated or ledger.held(ep, key):
                 continue
             entry = ledger.of(ep)
-            if entry.reserved < reserve and entry.inflight < ledger.slots(ep):
+            if entry.reserved < ledger.reserve(ep, reserve) and entry.inflight < ledger.slots(ep):
                 newcomer.append(ep)
         return newcomer, bool(newcomer), by_share
 

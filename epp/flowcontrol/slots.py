@@ -16,7 +16,11 @@ without a scrape. Three decisions read this ledger:
   with nothing there may take a slot even while the band's dispatch gate is closed for the
   endpoint (a queue at its threshold), at most R such requests outstanding per endpoint, so
   the gate's bound on the engine queue grows by R at most. With vLLM's priority (below) such a
-  request enters at the front of the engine's queue.
+  request enters at the front of the engine's queue. The reserve is at most 1/32 of the
+  endpoint's slots (`reserve`): what it holds back is capacity a lone flood cannot use, cheap
+  on vLLM's default 256 slots (2 of them: < 1%) and ruinous on a pod of 8 (2 of them: a
+  quarter of a saturated pool's throughput), which gets none; fair share still protects
+  newcomers there.
 - **vLLM priority depth**: the n-th request of a flow already on an endpoint gets
   `priority = base + n` (n from 0), so the engine's waiting queue interleaves flows as round
   robin does and, under KV pressure, pre-empts the deepest flow's newest-numbered request first.
@@ -43,6 +47,7 @@ from epp.datastore import Endpoint
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's --max-num-seqs default
 MAX_SLOTS = 65_536  # a learned slot count never exceeds this (vLLM's max_num_seqs is in the hundreds)
+RESERVE_FRACTION = 32  # a newcomer reserve holds back at most 1/32 of an endpoint's slots
 
 FlowKey = tuple[int, str]  # (band priority, fairness id): a flow
 
@@ -76,6 +81,10 @@ class SlotLedger:
     def slots(self, endpoint: Endpoint) -> int:
         """Running slots of the endpoint: the configured count, corrected by its scrapes."""
         return min(MAX_SLOTS, endpoint.batch_limit.limit(self.max_num_seqs))
+
+    def reserve(self, endpoint: Endpoint, configured: int) -> int:
+        """The endpoint's newcomer reserve: the band's, at most 1/32 of its slots."""
+        return min(configured, self.slots(endpoint) // RESERVE_FRACTION)
 
     def held(self, endpoint: Endpoint, flow: FlowKey) -> int:
         entry = self._eps.get(endpoint)

@@ -17,10 +17,10 @@ SLOTS = 8
 
 
 def config(*, fairness: bool = True, reserve: int = 0, policy: str = "round-robin-fairness-policy",
-           gate: str = f"inflightRequestsThreshold: {SLOTS}", extra: str = "") -> str:
+           gate: str = f"inflightRequestsThreshold: {SLOTS}", extra: str = "", slots: int = SLOTS) -> str:
     return f"""\
 flowControl:
-  maxNumSeqs: {SLOTS}
+  maxNumSeqs: {slots}
   defaultPriorityBand:
     fairnessPolicyRef: {policy}
     dispatchGate: {{{gate}}}
@@ -160,10 +160,10 @@ def test_slot_config_defaults() -> None:
 
 def test_the_reserve_keeps_slots_for_flows_with_nothing_running() -> None:
     pool = Pool(1)
-    fc = controller(pool, config(reserve=2))
+    fc = controller(pool, config(reserve=2, slots=64, gate="inflightRequestsThreshold: 64"))
     s = Scheduler()
-    flood = enqueue(fc, "a", 20, s)
-    assert len(dispatched(fc.dispatch())) == SLOTS - 2  # the reserve's cost, paid by a flood alone
+    flood = enqueue(fc, "a", 80, s)
+    assert len(dispatched(fc.dispatch())) == 64 - 2  # the reserve's cost, paid by a flood alone
     b, c, d = (enqueue(fc, f, 2, s) for f in ("b", "c", "d"))
     went = dispatched(fc.dispatch())
     assert went == [b[0], c[0]]  # one slot each to two newcomers; B's and C's second wait
@@ -175,7 +175,7 @@ def test_the_reserve_keeps_slots_for_flows_with_nothing_running() -> None:
 
 def test_a_newcomer_passes_a_closed_queue_gate_into_the_reserve() -> None:
     pool = Pool(2)
-    fc = controller(pool, config(reserve=1, gate="queueDepthThreshold: 3"))
+    fc = controller(pool, config(reserve=1, gate="queueDepthThreshold: 3", slots=64))
     s = Scheduler()
     p0, p1 = pool.endpoints
     flood = enqueue(fc, "a", 10, s)
@@ -194,6 +194,15 @@ def test_a_newcomer_passes_a_closed_queue_gate_into_the_reserve() -> None:
     assert went == [d[0]] and d[0].reserved  # B's reserve slot came free; D had nothing there
     assert fc.slots.of(b[0].endpoint).reserved == 1
     del flood
+
+
+def test_a_pod_of_few_slots_keeps_no_reserve_a_lone_flood_could_not_use() -> None:
+    pool = Pool(1)
+    fc = controller(pool, config(reserve=2))  # 8 slots: a reserve of 2 would idle a quarter of them
+    s = Scheduler()
+    enqueue(fc, "a", 20, s)
+    assert len(dispatched(fc.dispatch())) == SLOTS
+    assert fc.slots.reserve(pool.endpoints[0], 2) == 0 and fc.slots.reserve(pool.endpoints[0], 0) == 0
 
 
 def test_the_reserve_never_passes_saturation() -> None:

@@ -118,3 +118,16 @@ def test_scale_bench_smoke(tmp_path: Path) -> None:
     assert "within the bars" in text and "## load-balancing, 2 pods" in text
     for policy in ("**epp**", "epp-weighted", "round-robin", "least-queue", "greedy-oracle"):
         assert policy in text
+
+
+def test_precise_virtual_bench_smoke(tmp_path: Path) -> None:
+    from bench import precise_virtual
+
+    assert precise_virtual.main(["--tiny", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "precise-virtual.md").read_text()
+    assert "## b2b-shared-context (KV demand ~0.7)" in text and "## b2b-kv-pressure (KV demand ~1.5)" in text
+    for policy in ("**epp**", "epp-precise", "round-robin", "greedy-oracle"):
+        assert policy in text
+    # the precise arm's index heard the engines' events: its accuracy is a number, not a dash
+    precise_row = next(line for line in text.splitlines() if line.startswith("| epp-precise"))
+    assert "%" in precise_row.split("|")[9]
