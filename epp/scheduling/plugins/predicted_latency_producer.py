@@ -58,9 +58,13 @@ if TYPE_CHECKING:
 
 _MS = 1e-3
 _RATE_WINDOW = 10.0  # seconds
-# A request arriving at a busy pod waits for the step in flight and then its own: the steps
-# whose length a decode batch sets, per TTFT.
-_STEPS_PER_TTFT = 1.5
+# The steps whose length a decode batch sets, per TTFT of a request arriving at the pod: the
+# step in flight and its own (1.5) on an idle pod, more behind the queue it joins and the
+# requests that join it meanwhile. 1.5 under-priced decode on pods a hot prefix keeps busy; at the
+# loads the shipped workloads run, 6 measured better on every shape where the choice mattered
+# (16 pods, virtual time: Zipf prompts TTFT p90 39 → 36 ms, agentic p99 211 → 186 ms, B2B at KV
+# demand 1.5 p99 328 → 291 ms; prefix-heavy p99 55 → 64 ms, within 1.2× the best other policy).
+_STEPS_PER_TTFT = 6.0
 _MAX_UTILIZATION = 0.95
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 
