@@ -32,8 +32,8 @@ from epp.sim.cluster.report import Report
 from epp.sim.cluster.simulate import EppArm, Policy
 from epp.sim.cluster.workload import Workload, load_workload
 
-WORKLOADS = ("prefix-heavy", "load-balancing", "head-of-line", "mixed", "b2b-shared-context", "b2b-overload", "b2b-kv-pressure",
-             "agentic-multiturn", "zipf-system-prompts", "long-context", "multi-tenant")
+WORKLOADS = ("prefix-heavy", "load-balancing", "head-of-line", "mixed", "b2b-shared-context", "b2b-overload",
+             "b2b-kv-pressure", "agentic-multiturn", "zipf-system-prompts", "long-context", "multi-tenant")
 DEFAULT = "epp"
 POLICIES: tuple[Policy, ...] = (EppArm(DEFAULT, None), EppArm("epp-weighted", WEIGHTED_CONFIG), "round-robin",
                                 "least-queue", "greedy-oracle")
