@@ -366,8 +366,8 @@ class FlowController:
 
         Fair share is a preference, never a reason to leave a slot empty: when every flow tried
         holds its share wherever it could go, the first of them goes anyway (work conservation).
-        The reserve is a hard limit. The flows after the head are looked up only when the head
-        cannot go."""
+        The reserve is a hard limit while another flow is about. The flows after the head are
+        looked up only when the head cannot go."""
         cfg = band.config
         if not eligible and not cfg.newcomer_reserve:
             return None
@@ -405,7 +405,8 @@ class FlowController:
         cfg = band.config
         ledger = self.slots
         key = (band.priority, item.flow_id)
-        contended = fair and band.count > band.flows[item.flow_id].queued  # another flow of the band waits
+        waiting_others = band.count > band.flows[item.flow_id].queued  # another flow of the band waits
+        contended = fair and waiting_others
         active = len(band.flows)
         reserve = cfg.newcomer_reserve
         out: list[Endpoint] = []
@@ -416,8 +417,12 @@ class FlowController:
                 out.append(ep)  # a flow with nothing here may take any slot the gate allows
                 continue
             slots = ledger.slots(ep)
-            if reserve and ledger.of(ep).inflight >= slots - ledger.reserve(ep, reserve):
-                continue  # the last reserved slots are for flows with nothing here
+            entry = ledger.of(ep)
+            # The last reserved slots are for flows with nothing here, while another flow is about
+            # (waiting in the band, or running here); a flow alone uses every slot.
+            if (reserve and entry.inflight >= slots - ledger.reserve(ep, reserve)
+                    and (waiting_others or len(entry.by_flow) > 1)):
+                continue
             if contended and held >= max(1, slots // active):
                 by_share = True
                 continue

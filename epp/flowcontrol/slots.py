@@ -11,8 +11,10 @@ without a scrape. Three decisions read this ledger:
   dispatch *there* (it may still go to an endpoint where it holds less). With no other flow
   waiting nothing is held back: one flow alone still uses every slot (work conservation).
 - **Newcomer reserve** (`newcomerReserve: R` on a band): the last R slots of each endpoint are
-  kept for flows with nothing on it. A flow that already has requests there stops at
-  `slots - R` (the reserve's throughput cost, paid only by a flood larger than that); a flow
+  kept for flows with nothing on it. While another flow is about (waiting in the band, or
+  running on that endpoint), a flow that already has requests there stops at `slots - R` (the
+  reserve's throughput cost, paid only by a flood larger than that); a flow alone uses every
+  slot (work conservation: a newcomer then waits for the first one to free). A flow
   with nothing there may take a slot even while the band's dispatch gate is closed for the
   endpoint (a queue at its threshold), at most R such requests outstanding per endpoint, so
   the gate's bound on the engine queue grows by R at most. With vLLM's priority (below) such a

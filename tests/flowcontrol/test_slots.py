@@ -162,8 +162,10 @@ def test_the_reserve_keeps_slots_for_flows_with_nothing_running() -> None:
     pool = Pool(1)
     fc = controller(pool, config(reserve=2, slots=64, gate="inflightRequestsThreshold: 64"))
     s = Scheduler()
+    e = enqueue(fc, "e", 1, s)
+    assert dispatched(fc.dispatch()) == e  # another user is about: the reserve holds
     flood = enqueue(fc, "a", 80, s)
-    assert len(dispatched(fc.dispatch())) == 64 - 2  # the reserve's cost, paid by a flood alone
+    assert len(dispatched(fc.dispatch())) == 64 - 1 - 2  # the reserve's cost, paid by the flood
     b, c, d = (enqueue(fc, f, 2, s) for f in ("b", "c", "d"))
     went = dispatched(fc.dispatch())
     assert went == [b[0], c[0]]  # one slot each to two newcomers; B's and C's second wait
@@ -171,6 +173,18 @@ def test_the_reserve_keeps_slots_for_flows_with_nothing_running() -> None:
     finish(fc, flood[0])
     assert dispatched(fc.dispatch()) == [d[0]]  # D has nothing there: it may take the freed slot
     del b, c
+
+
+def test_a_flow_alone_uses_every_slot_reserve_or_not() -> None:
+    pool = Pool(1)
+    fc = controller(pool, config(reserve=2, slots=64, gate="inflightRequestsThreshold: 64"))
+    s = Scheduler()
+    flood = enqueue(fc, "a", 80, s)
+    assert len(dispatched(fc.dispatch())) == 64  # nobody else waits or runs: work conservation
+    newcomer = enqueue(fc, "b", 1, s)
+    assert dispatched(fc.dispatch()) == []  # a newcomer now waits for a slot to free
+    finish(fc, flood[0])
+    assert dispatched(fc.dispatch()) == newcomer  # and takes the first one (its flow's turn)
 
 
 def test_a_newcomer_passes_a_closed_queue_gate_into_the_reserve() -> None:
