@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from epp.datalayer.engines import EngineMapping, Specs
@@ -85,6 +85,15 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
     return _extract(mapping, body, samples, previous, now)[0]
 
 
+_METRIC_FIELDS = tuple(f.name for f in fields(EndpointMetrics))
+
+
+def _updated(previous: EndpointMetrics, now: float, found: dict[str, Any]) -> EndpointMetrics:
+    """`dataclasses.replace(previous, update_time=now, **found)` at half its cost (every poll)."""
+    found["update_time"] = now
+    return EndpointMetrics(*[found[name] if name in found else getattr(previous, name) for name in _METRIC_FIELDS])
+
+
 @dataclass(slots=True, frozen=True)
 class _Remembered:
     """An extraction and what it was made from, for a page that comes back the same."""
@@ -108,7 +117,7 @@ def _again(last: _Remembered, previous: EndpointMetrics, now: float) -> Extracti
     found: dict[str, Any] = {}
     if last.totals is not None:
         _read_itl(last.totals, previous, found)
-    return Extraction(replace(previous, update_time=now, **found), done.problems)
+    return Extraction(_updated(previous, now, found), done.problems)
 
 
 def _values_moved(mapping: EngineMapping, samples: dict[str, list[Sample]], previous: EndpointMetrics, now: float,
@@ -138,7 +147,7 @@ def _values_moved(mapping: EngineMapping, samples: dict[str, list[Sample]], prev
         return None
     if totals is not None:
         _read_itl(totals, previous, found)
-    return Extraction(replace(previous, update_time=now, **found), done.problems), totals
+    return Extraction(_updated(previous, now, found), done.problems), totals
 
 
 def _value_fields(mapping: EngineMapping) -> tuple[tuple[Specs, str, Check], ...]:
@@ -210,7 +219,7 @@ def _extract(mapping: EngineMapping, body: bytes, samples: dict[str, list[Sample
         return Extraction(None, tuple(problems), tuple(invalid)), totals
     if not found:
         return Extraction(None, tuple(problems)), totals
-    return Extraction(replace(previous, update_time=now, **found), tuple(problems)), totals
+    return Extraction(_updated(previous, now, found), tuple(problems)), totals
 
 
 def _unstarted(mapping: EngineMapping, body: bytes) -> bool:

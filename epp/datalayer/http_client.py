@@ -157,9 +157,11 @@ class PageClient:
     """Fetches one pod's page over a kept-alive connection (reconnecting when it is lost)."""
 
     def __init__(self, target: Target, *, timeout: float, max_body: int,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, timed: bool = True) -> None:
         self.target = target
         self.timeout = timeout
+        # False: the owner keeps the time (one timer for many clients) and calls `expire`.
+        self.timed = timed
         self.max_body = max_body
         self.ssl_context = ssl_context if target.scheme == "https" else None
         self._request = target.request()
@@ -174,12 +176,14 @@ class PageClient:
 
     def get(self, done: Done) -> None:
         """Start one GET on the running loop. `done(body, None)` or `done(None, error)` is called
-        exactly once, later, from the loop (the error a FetchFailed or a TimeoutError)."""
+        exactly once, later, from the loop (the error a FetchFailed or a TimeoutError, after
+        `timeout`, or when the owner says so with `expire` if the client is not `timed`)."""
         if self._done is not None:
             raise RuntimeError("a GET is already in progress")
         loop = asyncio.get_running_loop()
         self._done = done
-        self._timer = loop.call_later(self.timeout, self._expire)
+        if self.timed:
+            self._timer = loop.call_later(self.timeout, self.expire)
         protocol = self._protocol
         if protocol is not None and not protocol.closed:
             protocol.begin(self._request)
@@ -212,9 +216,11 @@ class PageClient:
         if protocol is self._protocol:
             self._finish(body, error)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """The GET in progress took too long: `done(None, TimeoutError())` (nothing if none is)."""
         self._timer = None
-        self._finish(None, TimeoutError())
+        if self._done is not None:
+            self._finish(None, TimeoutError())
 
     def _finish(self, body: bytes | None, error: BaseException | None) -> None:
         done, self._done = self._done, None

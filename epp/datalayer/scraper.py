@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
 from epp.datalayer.http_client import FetchFailed, PageClient, client_ssl_context
 from epp.datalayer.metrics_data_source import MetricsDataSource
 from epp.datalayer.promparse import MetricsParseError, PageMemory
 from epp.datalayer.validate import Invalid
+from epp.datalayer.wheel import TimerWheel
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 
 log = logging.getLogger("epp.datalayer")
@@ -67,14 +68,16 @@ class ScrapeStats:
 
 @dataclass(slots=True, eq=False)
 class _Worker:
-    """One endpoint's polling: a timer, a GET in flight, then the next timer (callbacks on the
-    loop, no task: at 2,000 polls a second a task and a timeout context per poll would cost
-    more than the poll itself)."""
+    """One endpoint's polling: a deadline on the scraper's timer wheel, a GET in flight (with its
+    timeout on the wheel too), then the next deadline (callbacks on the loop, no task and no
+    timer of its own: at 2,000 polls a second those would cost more than the poll itself)."""
 
     endpoint: Endpoint
     client: PageClient
     stats: ScrapeStats
-    timer: asyncio.TimerHandle | None = None
+    scheduled: bool = False  # the next poll is on the wheel
+    polls: int = 0  # polls started: the one a timeout on the wheel is for
+    done: Callable[[bytes | None, BaseException | None], None] | None = None  # the GET's callback
     next_at: float = 0.0  # loop time the current or next poll is due
     started: float = 0.0  # perf_counter at the start of the poll in flight
     stopped: bool = False
@@ -91,7 +94,7 @@ class _Worker:
     @property
     def polling(self) -> bool:
         """A poll is due or in flight (False once stopped)."""
-        return not self.stopped and (self.timer is not None or self.client.busy)
+        return not self.stopped and (self.scheduled or self.client.busy)
 
 
 class ScrapeFailed(Exception):
@@ -140,6 +143,8 @@ class MetricsScraper:
         self.on_polled = on_polled
         self.quantum = quantum
         self._workers: dict[str, _Worker] = {}
+        # Every poll and every poll's timeout: (worker, 0) a poll due, (worker, n) poll n's timeout.
+        self._wheel: TimerWheel[tuple[_Worker, int]] = TimerWheel(quantum, self._due)
         self._connecting: set[asyncio.Task[None]] = set()  # connection attempts cancelled by a stop
         self._running = False
         self._ssl = client_ssl_context(verify=not self.source.insecure_skip_verify) \
@@ -165,6 +170,7 @@ class MetricsScraper:
         self.datastore.unsubscribe(self._on_add, self._on_remove)
         workers = list(self._workers.values())
         self._workers.clear()
+        self._wheel.clear()
         for worker in workers:
             self._stop(worker)
         pending = [t for t in self._connecting if not t.done()]
@@ -199,8 +205,9 @@ class MetricsScraper:
                 return
             self._stop(old)
         client = PageClient(self.source.target(endpoint.spec), timeout=self.timeout, max_body=self.max_body_bytes,
-                            ssl_context=self._ssl)
+                            ssl_context=self._ssl, timed=False)  # its timeout is on the wheel
         worker = _Worker(endpoint, client, ScrapeStats(interval=self.interval))
+        worker.done = partial(self._polled, worker)
         self._workers[endpoint.address] = worker
         # Spread first polls over one interval so a relist does not scrape every pod in lockstep.
         loop = asyncio.get_running_loop()
@@ -213,10 +220,8 @@ class MetricsScraper:
             self._stop(worker)
 
     def _stop(self, worker: _Worker) -> None:
-        worker.stopped = True
-        if worker.timer is not None:
-            worker.timer.cancel()
-            worker.timer = None
+        worker.stopped = True  # what it has on the wheel is ignored when it comes up
+        worker.scheduled = False
         connecting = worker.client.close()
         if connecting is not None:
             self._connecting.add(connecting)
@@ -228,18 +233,23 @@ class MetricsScraper:
         """The next poll at `at`, rounded up to the `quantum` grid: the polls due in one step
         start in one turn of the loop and their answers come back together, far fewer wake-ups
         than polls spread evenly."""
-        quantum = self.quantum
-        if quantum > 0:
-            at = math.ceil(at / quantum) * quantum
-        worker.next_at = at
-        worker.timer = loop.call_at(at, self._poll, worker)
+        worker.next_at = self._wheel.add(at, (worker, 0))
+        worker.scheduled = True
 
-    def _poll(self, worker: _Worker) -> None:
-        worker.timer = None
+    def _due(self, entry: tuple[_Worker, int]) -> None:
+        """From the wheel: a poll is due, or a poll's time is up."""
+        worker, poll = entry
         if worker.stopped:
             return
+        if poll:
+            if worker.polls == poll and worker.client.busy:
+                worker.client.expire()
+            return
+        worker.scheduled = False
+        worker.polls += 1
         worker.started = time.perf_counter()
-        worker.client.get(lambda body, error: self._polled(worker, body, error))
+        worker.client.get(worker.done)  # type: ignore[arg-type]
+        self._wheel.add(asyncio.get_running_loop().time() + self.timeout, (worker, worker.polls))
 
     def _polled(self, worker: _Worker, body: bytes | None, error: BaseException | None) -> None:
         """A poll's page (or failure) is in: read it, then schedule the next one."""
