@@ -31,12 +31,14 @@ class FetchFailed(Exception):
 
 @dataclass(slots=True, frozen=True)
 class Target:
-    """Where one pod's page is: `scheme://host:port/path` (host an IP, maybe IPv6)."""
+    """Where one pod's page is: `scheme://host:port/path` (host an IP, maybe IPv6), and the query
+    string asked with it (the series wanted: not part of `url`, which logs show)."""
 
     scheme: str
     host: str
     port: int
     path: str
+    query: str = ""
 
     @property
     def url(self) -> str:
@@ -47,7 +49,10 @@ class Target:
         host = f"[{self.host}]" if ":" in self.host else self.host
         # Plain text only (no protobuf/OpenMetrics negotiation), uncompressed: decompressing
         # ~50 KB twenty times a second costs more CPU than the bytes cost on a pod network.
-        return (f"GET {self.path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
+        target = self.path
+        if self.query:
+            target += ("&" if "?" in target else "?") + self.query
+        return (f"GET {target} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
                 "Accept: text/plain;version=0.0.4\r\nAccept-Encoding: identity\r\n"
                 "User-Agent: epp-scraper\r\n\r\n").encode("latin-1")
 
@@ -173,6 +178,11 @@ class PageClient:
     @property
     def busy(self) -> bool:
         return self._done is not None
+
+    def retarget(self, target: Target) -> None:
+        """Ask for `target` from the next GET on (same server: the connection is kept)."""
+        self.target = target
+        self._request = target.request()
 
     def get(self, done: Done) -> None:
         """Start one GET on the running loop. `done(body, None)` or `done(None, error)` is called

@@ -86,6 +86,7 @@ class _Worker:
     engine: str = ""  # last engine resolved, to warn once about unknown ones
     memory: PageMemory = field(default_factory=PageMemory)
     quiet: int = 0  # successful polls in a row whose signals did not move
+    whole_page: bool = False  # the server refused a request for some series only: ask for all
 
     @property
     def url(self) -> str:
@@ -204,8 +205,9 @@ class MetricsScraper:
             if old.endpoint is endpoint:
                 return
             self._stop(old)
-        client = PageClient(self.source.target(endpoint.spec), timeout=self.timeout, max_body=self.max_body_bytes,
-                            ssl_context=self._ssl, timed=False)  # its timeout is on the wheel
+        query = self.extractor.mapping_for(self.extractor.engine_of(endpoint)).query
+        client = PageClient(self.source.target(endpoint.spec, query), timeout=self.timeout,
+                            max_body=self.max_body_bytes, ssl_context=self._ssl, timed=False)  # timeouts: the wheel
         worker = _Worker(endpoint, client, ScrapeStats(interval=self.interval))
         worker.done = partial(self._polled, worker)
         self._workers[endpoint.address] = worker
@@ -282,6 +284,8 @@ class MetricsScraper:
             endpoint.metrics_valid = False
             self._failed(worker, _describe(exc, self.timeout), exc)
         except Exception as exc:  # any failure is this endpoint's problem only
+            if isinstance(exc, FetchFailed) and worker.client.target.query and str(exc).startswith("HTTP 4"):
+                self._ask_whole_page(worker, str(exc))
             self._failed(worker, _describe(exc, self.timeout), exc)
         else:
             self._back_off(worker, endpoint.metrics, result.metrics)
@@ -326,9 +330,19 @@ class MetricsScraper:
             if engine not in self.extractor.engines:
                 log.warning("endpoint %s: unknown engine %r, using %r metrics",
                             worker.endpoint.name, engine, self.extractor.default_engine)
-            caveat = self.extractor.mapping_for(engine).caveat
-            if caveat:
-                log.info("endpoint %s: engine %r: %s", worker.endpoint.name, engine, caveat)
+            mapping = self.extractor.mapping_for(engine)
+            if mapping.caveat:
+                log.info("endpoint %s: engine %r: %s", worker.endpoint.name, engine, mapping.caveat)
+            query = "" if worker.whole_page else mapping.query
+            if query != worker.client.target.query:  # the next poll asks for this engine's series
+                worker.client.retarget(self.source.target(worker.endpoint.spec, query))
+
+    def _ask_whole_page(self, worker: _Worker, why: str) -> None:
+        """The server does not take `?name[]=`: its whole page from now on."""
+        worker.whole_page = True
+        worker.client.retarget(self.source.target(worker.endpoint.spec))
+        log.warning("scraping %s (%s): the server refused a request for the wanted series only (%s); "
+                    "asking for its whole page from now on", worker.endpoint.name, worker.url, why)
 
     def _failed(self, worker: _Worker, message: str, exc: BaseException) -> None:
         stats = worker.stats
