@@ -4,7 +4,10 @@ One poller per endpoint (as the reference's one goroutine per endpoint) means a 
 or broken server only ever delays its own polls; every poll is bounded by `timeout`. Each endpoint
 keeps one HTTP/1.1 connection alive between polls (`http_client`: a scrape every 50 ms per pod
 would otherwise be a TCP handshake every 50 ms) and a `PageMemory` of its last page, so a poll
-parses only the lines that changed.
+parses only the lines that changed. Where the engine's exporter filters by name (vLLM's:
+`EngineMapping.names_query`) a poll asks for the series it reads only, a page twenty times
+smaller; a server that refuses such a request is asked for its whole page from then on. The
+pollers share one timer (`wheel.TimerWheel`) for their polls and their timeouts.
 
 On success the endpoint gets a *new* immutable `EndpointMetrics` (readers never see half an
 update); on failure its old metrics stay, so they age and the staleness checks downstream see it.
