@@ -406,9 +406,11 @@ async def part_scrape(args: argparse.Namespace) -> list[str]:
         base = args.figures["scrape"].get(f"{n} moving in-loop")
         new = args.figures["scrape"].get(f"{n} moving process")
         if base and new:
-            lines.append(f"| {n} | moving | **process ÷ in-loop** | | **{new['cores'] / base['cores']:.2f}×** | | "
-                         f"**{new['per_scrape'] / base['per_scrape']:.2f}×** | "
-                         f"**{new['age_mean'] / base['age_mean']:.2f}×** | | |")
+            def ratio(key: str) -> str:  # a tiny window can read 0 CPU ticks
+                return f"**{new[key] / base[key]:.2f}×**" if base[key] > 0 else "n/a"
+
+            lines.append(f"| {n} | moving | **process ÷ in-loop** | | {ratio('cores')} | | {ratio('per_scrape')} | "
+                         f"{ratio('age_mean')} | | |")
     return lines
 
 
