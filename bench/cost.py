@@ -359,8 +359,11 @@ async def part_scrape(args: argparse.Namespace) -> list[str]:
     lines = ["## Scraping cost (no traffic)", "",
              f"The EPP scrapes every endpoint's /metrics (a {_page_kb()} KB vLLM page) every 50 ms (the default) "
              f"for {args.scrape_seconds:g} s after a {args.settle:g} s settle. `moving`: pages whose queue, KV "
-             "use and counters change on every scrape (a busy pod); `static`: the same page every time (an idle "
-             "pod; the scraper backs off to 100 ms). `in-loop` is `--scrape-in-process` (today's scraper on the "
+             "use and counters change on every scrape (a busy pod), served as vLLM serves them: the scraper asks "
+             "for the series it reads (`?name[]=`, prometheus_client's filter, which vLLM's /metrics has), "
+             f"a {_page_kb(True)} KB page; `whole`: the same moving pages from pods that ignore that filter (a "
+             "server without it: the whole page every time); `static`: the whole page, the same every time (an idle pod, served "
+             "by Envoy, which ignores the filter; the scraper backs off to 100 ms). `in-loop` is `--scrape-in-process` (today's scraper on the "
              "request loop), `process` the default (a scraper process publishing through shared memory); CPU is "
              "the EPP's main process plus its scraper process. Age: `inference_pool_endpoint_metrics_age_seconds` "
              f"sampled {args.age_samples} times over the window. The reference's successor reports about "
@@ -368,8 +371,9 @@ async def part_scrape(args: argparse.Namespace) -> list[str]:
              "", "| endpoints | pages | scraper | scrapes/s | EPP CPU (cores) | of which scraper process | CPU per "
              "scrape | age mean ms | age p99 ms | interval mean ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n in args.endpoints:
-        for pages in ("moving", "static"):
-            source = MovingPages(n) if pages == "moving" else StubPods(n)
+        kinds = ("moving", "whole", "static") if n == max(args.endpoints) else ("moving", "static")
+        for pages in kinds:
+            source = MovingPages(n, whole=pages == "whole") if pages != "static" else StubPods(n)
             with source as pods:
                 for mode in ("in-loop", "process"):
                     log(f"scrape: {n} endpoints, {pages} pages, {mode}")
@@ -402,16 +406,26 @@ async def part_scrape(args: argparse.Namespace) -> list[str]:
         base = args.figures["scrape"].get(f"{n} moving in-loop")
         new = args.figures["scrape"].get(f"{n} moving process")
         if base and new:
-            lines.append(f"| {n} | moving | **process ÷ in-loop** | | **{new['cores'] / base['cores']:.2f}×** | | "
-                         f"**{new['per_scrape'] / base['per_scrape']:.2f}×** | "
-                         f"**{new['age_mean'] / base['age_mean']:.2f}×** | | |")
+            def ratio(key: str) -> str:  # a tiny window can read 0 CPU ticks
+                return f"**{new[key] / base[key]:.2f}×**" if base[key] > 0 else "n/a"
+
+            lines.append(f"| {n} | moving | **process ÷ in-loop** | | {ratio('cores')} | | {ratio('per_scrape')} | "
+                         f"{ratio('age_mean')} | | |")
     return lines
 
 
-def _page_kb() -> str:
-    from bench.stubpods import metrics_page
+def _page_kb(asked: bool = False) -> str:
+    """The whole page's size, or (`asked`) that of the page of the series a vLLM scrape asks for."""
+    from urllib.parse import parse_qs
 
-    return f"{len(metrics_page()) / 1024:.0f}"
+    from bench.moving_pages import restrict
+    from bench.stubpods import metrics_page
+    from epp.datalayer.engines import BUILTIN_ENGINES
+
+    page = metrics_page()
+    if asked:
+        page = restrict(page, set(parse_qs(BUILTIN_ENGINES["vllm"].query)["name[]"]))
+    return f"{len(page) / 1024:.0f}"
 
 
 # --------------------------------------------------------------------------- token path

@@ -7,6 +7,10 @@ pod's are: queue, running, KV use, the token and ITL counters (monotonic), the p
 seconds. One uvloop process answers all ports with a minimal keep-alive HTTP/1.1 responder; its
 own CPU is not the EPP's, which is what the benchmarks measure.
 
+Like vLLM's /metrics (prometheus_client's `make_asgi_app`), a request with `?name[]=...` gets only
+the series of those names, each family with its HELP and TYPE lines (`restrict`); `whole=True`
+serves the whole page whatever is asked, as a server without that filter does.
+
     with MovingPages(100) as pages: pages.addresses  # ["127.0.0.1:port", ...]
 """
 
@@ -18,6 +22,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs
 
 from bench.common import free_ports, start_process, stop_process
 
@@ -32,11 +37,36 @@ _MOVING = (
 )
 
 
-def _template() -> tuple[list[bytes], list[int]]:
-    """The page split around the moving values (in page order), and which value each one is."""
+def restrict(page: bytes, names: set[str]) -> bytes:
+    """What prometheus_client serves for `?name[]=` these names: the samples whose name is one of
+    them, under their family's HELP and TYPE lines; a family with none of them is left out."""
+    out: list[bytes] = []
+    family: list[bytes] = []  # the current family's comment lines, until one of its samples is kept
+    kept = False
+    wanted = {n.encode() for n in names}
+    for line in page.split(b"\n"):
+        if line.startswith(b"# HELP "):
+            family, kept = [line], False
+        elif line.startswith(b"#"):
+            family.append(line)
+        elif line:
+            cut = min((i for i in (line.find(b"{"), line.find(b" ")) if i >= 0), default=len(line))
+            if line[:cut] in wanted:
+                if not kept:
+                    out += family
+                    kept = True
+                out.append(line)
+    return b"\n".join(out) + b"\n" if out else b""
+
+
+def _template(names: set[str] | None = None) -> tuple[list[bytes], list[int]]:
+    """The page (restricted to `names`, if given) split around the moving values (in page order),
+    and which value each one is."""
     from bench.stubpods import metrics_page
 
     page = metrics_page()
+    if names:
+        page = restrict(page, names)
     spans: list[tuple[int, int, int]] = []
     for which, prefix in enumerate(_MOVING):
         at = page.find(b"\n" + prefix)
@@ -59,12 +89,14 @@ class _Pod:
         self.order = order
         self.n = seed
 
-    def page(self) -> bytes:
+    def page(self, template: tuple[list[bytes], list[int]] | None = None) -> bytes:
+        """The next page: the whole one, or `template`'s (a restricted page), with the same values."""
+        parts, order = template or (self.parts, self.order)
         self.n += 1
         n = self.n
         values = (n % 7, n % 3, (n % 100) / 100, n * 0.031, n * 3, n * 211, n * 0.01)
-        out = [self.parts[0]]
-        for which, part in zip(self.order, self.parts[1:]):
+        out = [parts[0]]
+        for which, part in zip(order, parts[1:]):
             value = values[which]
             out.append(repr(float(value)).encode())
             out.append(part)
@@ -72,9 +104,11 @@ class _Pod:
 
 
 class _Http(asyncio.Protocol):
-    def __init__(self, pod: _Pod, served: list[int]) -> None:
+    def __init__(self, pod: _Pod, served: list[int], templates: dict[bytes, tuple[list[bytes], list[int]]] | None
+                 ) -> None:
         self.pod = pod
         self.served = served  # pages served, all ports (GET /served answers it)
+        self.templates = templates  # restricted pages by query string (None: always the whole page)
         self.transport: asyncio.Transport | None = None
         self.buffer = b""
 
@@ -89,24 +123,38 @@ class _Http(asyncio.Protocol):
                 body = str(self.served[0]).encode()
             else:
                 self.served[0] += 1
-                body = self.pod.page()
+                body = self.pod.page(self._template(head))
             self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: "  # type: ignore[union-attr]
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-async def _serve(ports: list[int]) -> None:
+    def _template(self, head: bytes) -> tuple[list[bytes], list[int]] | None:
+        target = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b""
+        if self.templates is None or b"?" not in target:
+            return None
+        query = target.split(b"?", 1)[1]
+        template = self.templates.get(query)
+        if template is None:
+            names = set(parse_qs(query.decode("latin-1")).get("name[]", ()))
+            template = self.templates[query] = _template(names) if names else None  # type: ignore[assignment]
+        return template
+
+
+async def _serve(ports: list[int], whole: bool) -> None:
     parts, order = _template()
     loop = asyncio.get_running_loop()
     served = [0]
+    templates: dict[bytes, tuple[list[bytes], list[int]]] | None = None if whole else {}
     for i, port in enumerate(ports):
         pod = _Pod(parts, order, seed=i * 1000)
-        await loop.create_server(lambda pod=pod: _Http(pod, served), "127.0.0.1", port)
+        await loop.create_server(lambda pod=pod: _Http(pod, served, templates), "127.0.0.1", port)
     await asyncio.Event().wait()
 
 
 @dataclass(slots=True)
 class MovingPages:
     count: int
+    whole: bool = False  # serve the whole page even to a request for some series (`restrict`)
     ports: list[int] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -116,8 +164,8 @@ class MovingPages:
 
     def __enter__(self) -> MovingPages:
         self.ports = free_ports(self.count)
-        self.proc = start_process([sys.executable, "-m", "bench.moving_pages", *map(str, self.ports)],
-                                  f"moving-pages-{self.count}")
+        self.proc = start_process([sys.executable, "-m", "bench.moving_pages", *(["--whole"] if self.whole else []),
+                                   *map(str, self.ports)], f"moving-pages-{self.count}")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -143,6 +191,7 @@ if __name__ == "__main__":
     try:
         import uvloop
 
-        uvloop.run(_serve([int(p) for p in sys.argv[1:]]))
+        args = sys.argv[1:]
+        uvloop.run(_serve([int(p) for p in args if p != "--whole"], "--whole" in args))
     except KeyboardInterrupt:
         pass

@@ -31,12 +31,14 @@ class FetchFailed(Exception):
 
 @dataclass(slots=True, frozen=True)
 class Target:
-    """Where one pod's page is: `scheme://host:port/path` (host an IP, maybe IPv6)."""
+    """Where one pod's page is: `scheme://host:port/path` (host an IP, maybe IPv6), and the query
+    string asked with it (the series wanted: not part of `url`, which logs show)."""
 
     scheme: str
     host: str
     port: int
     path: str
+    query: str = ""
 
     @property
     def url(self) -> str:
@@ -47,7 +49,10 @@ class Target:
         host = f"[{self.host}]" if ":" in self.host else self.host
         # Plain text only (no protobuf/OpenMetrics negotiation), uncompressed: decompressing
         # ~50 KB twenty times a second costs more CPU than the bytes cost on a pod network.
-        return (f"GET {self.path} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
+        target = self.path
+        if self.query:
+            target += ("&" if "?" in target else "?") + self.query
+        return (f"GET {target} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
                 "Accept: text/plain;version=0.0.4\r\nAccept-Encoding: identity\r\n"
                 "User-Agent: epp-scraper\r\n\r\n").encode("latin-1")
 
@@ -157,9 +162,11 @@ class PageClient:
     """Fetches one pod's page over a kept-alive connection (reconnecting when it is lost)."""
 
     def __init__(self, target: Target, *, timeout: float, max_body: int,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, timed: bool = True) -> None:
         self.target = target
         self.timeout = timeout
+        # False: the owner keeps the time (one timer for many clients) and calls `expire`.
+        self.timed = timed
         self.max_body = max_body
         self.ssl_context = ssl_context if target.scheme == "https" else None
         self._request = target.request()
@@ -172,14 +179,21 @@ class PageClient:
     def busy(self) -> bool:
         return self._done is not None
 
+    def retarget(self, target: Target) -> None:
+        """Ask for `target` from the next GET on (same server: the connection is kept)."""
+        self.target = target
+        self._request = target.request()
+
     def get(self, done: Done) -> None:
         """Start one GET on the running loop. `done(body, None)` or `done(None, error)` is called
-        exactly once, later, from the loop (the error a FetchFailed or a TimeoutError)."""
+        exactly once, later, from the loop (the error a FetchFailed or a TimeoutError, after
+        `timeout`, or when the owner says so with `expire` if the client is not `timed`)."""
         if self._done is not None:
             raise RuntimeError("a GET is already in progress")
         loop = asyncio.get_running_loop()
         self._done = done
-        self._timer = loop.call_later(self.timeout, self._expire)
+        if self.timed:
+            self._timer = loop.call_later(self.timeout, self.expire)
         protocol = self._protocol
         if protocol is not None and not protocol.closed:
             protocol.begin(self._request)
@@ -212,9 +226,11 @@ class PageClient:
         if protocol is self._protocol:
             self._finish(body, error)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """The GET in progress took too long: `done(None, TimeoutError())` (nothing if none is)."""
         self._timer = None
-        self._finish(None, TimeoutError())
+        if self._done is not None:
+            self._finish(None, TimeoutError())
 
     def _finish(self, body: bytes | None, error: BaseException | None) -> None:
         done, self._done = self._done, None

@@ -44,6 +44,6 @@ class MetricsDataSource(Plugin):
         """`scheme://ip:port/path`, on the metrics port when discovery set one."""
         return f"{self.scheme}://{join_host_port(spec.ip, spec.metrics_port or spec.port)}{self.path}"
 
-    def target(self, spec: EndpointSpec) -> Target:
-        """The same place as `url`, in parts, for the scraper's client."""
-        return Target(self.scheme, spec.ip, spec.metrics_port or spec.port, self.path)
+    def target(self, spec: EndpointSpec, query: str = "") -> Target:
+        """The same place as `url`, in parts, for the scraper's client (`query`: the series wanted)."""
+        return Target(self.scheme, spec.ip, spec.metrics_port or spec.port, self.path, query)

@@ -67,6 +67,7 @@ class WantedNames:
 
 ABSENT_RECHECK_POLLS = 20  # a family absent from a page is looked for again after this many polls
 HINT_WINDOW = 2048  # bytes before last poll's offset where a family's search starts
+_PROBE_BYTES = 48  # how much of a known line's start `_find_single` searches for
 
 
 @dataclass(slots=True)
@@ -78,6 +79,9 @@ class _Group:
     raw: bytes
     samples: list[Sample]
     labels: list[tuple[bytes, dict[str, str]]]
+    # A one-line family with a label set: b"\n" + name + labels, what the line starts with
+    # (found by one `find`, see `_find_single`); b"" otherwise.
+    key: bytes = b""
 
 
 class PageMemory:
@@ -92,13 +96,16 @@ class PageMemory:
     scan of the whole page on each. Samples may be shared between polls: never mutate them.
 
     `unchanged` tells after a parse whether every wanted family read the same bytes as the
-    previous parse (and none appeared or went away): the page's signals did not move."""
+    previous parse (and none appeared or went away): the page's signals did not move.
+    `same_labels` whether every wanted family had the same lines with the same label sets (only
+    values or timestamps may have moved, and no family appeared or went away): a busy pod's page."""
 
-    __slots__ = ("_absent", "_groups", "recheck_absent", "result", "unchanged")
+    __slots__ = ("_absent", "_groups", "recheck_absent", "result", "same_labels", "unchanged")
 
     def __init__(self, recheck_absent: int = ABSENT_RECHECK_POLLS) -> None:
         self.recheck_absent = recheck_absent
         self.unchanged = False
+        self.same_labels = False
         # What the caller made of the page as last parsed (the extractor keeps its result here,
         # to skip the work when the page did not change).
         self.result: object = None
@@ -110,6 +117,7 @@ class PageMemory:
         self._groups.clear()
         self._absent.clear()
         self.unchanged = False
+        self.same_labels = False
         self.result = None
 
 
@@ -129,7 +137,7 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
     if nul != -1:
         raise MetricsParseError(f"not Prometheus text: NUL byte at offset {nul}")
     out: dict[str, list[Sample]] = {}
-    unchanged = True
+    unchanged = same_labels = True
     for name, raw, needle in wanted._needles:
         group: _Group | None = None
         if memory is None:
@@ -140,11 +148,26 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
                 memory._absent[name] = skip - 1
                 continue
             group = memory._groups.get(name)
+            if group is not None and group.key:
+                where = _find_single(body, raw, group)
+                if where is not None:  # the usual case: the same line, maybe another value
+                    start, end = where
+                    if end - start == len(group.raw) and body.startswith(group.raw, start):
+                        group.start = start
+                        out[name] = group.samples
+                        continue
+                    line = body[start:end]
+                    value, timestamp = _value(line, len(group.key) - 1, name, body, start)
+                    samples = [Sample(name, group.labels[0][1], value, timestamp)]
+                    group.start, group.raw, group.samples = start, line, samples
+                    out[name] = samples
+                    unchanged = False
+                    continue
             start = _find_group(body, raw, needle, group.start if group is not None else -1)
         if start < 0:
             if memory is not None:
                 if memory._groups.pop(name, None) is not None or name not in memory._absent:
-                    unchanged = False  # it went away, or this is the first look
+                    unchanged = same_labels = False  # it went away, or this is the first look
                 memory._absent[name] = memory.recheck_absent if recheck_absent is None else recheck_absent
             continue
         lines = _group_lines(body, start, raw)
@@ -167,12 +190,17 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
                     continue
         unchanged = False
         samples, labels = _parse_group(body, lines, name, len(raw), group)
+        if group is None or len(labels) != len(group.labels) \
+                or any(now is not before for now, before in zip(labels, group.labels)):
+            same_labels = False  # (a line whose label set was reused is the same tuple)
         out[name] = samples
         if memory is not None:
             memory._absent.pop(name, None)
-            memory._groups[name] = _Group(start, body[start:end], samples, labels)
+            key = b"\n" + raw + labels[0][0] if len(labels) == 1 and labels[0][0] else b""
+            memory._groups[name] = _Group(start, body[start:end], samples, labels, key)
     if memory is not None:
         memory.unchanged = unchanged
+        memory.same_labels = same_labels
     return out
 
 
@@ -192,6 +220,31 @@ def _find_group(body: bytes, raw: bytes, needle: bytes, hint: int) -> int:
     if body.startswith(raw) and _is_name_end(body, len(raw)):
         return 0
     return _find_line(body, needle, 0)
+
+
+def _find_single(body: bytes, raw: bytes, group: _Group) -> tuple[int, int] | None:
+    """(start, end) of the line of a family that was one line with these labels on the previous
+    page, if it is still that: a line starting with the same name and label set near where it
+    was, and no other line of the family before or after it. None when the page changed shape
+    there (the full search then decides)."""
+    key = group.key
+    # Found by its first bytes (a long needle, such as the cache config's ~40 labels, costs a
+    # setup per search), in the window around where it was; then checked whole.
+    low = max(0, group.start - HINT_WINDOW - 1)
+    i = body.find(key[:_PROBE_BYTES], low, group.start + HINT_WINDOW + len(key))
+    if i < 0 or not body.startswith(key, i):
+        return None
+    cut = len(raw)
+    previous = body.rfind(b"\n", 0, i) + 1
+    if body.startswith(raw, previous) and _is_name_end(body, previous + cut):
+        return None  # another line of the family comes first now
+    start = i + 1
+    end = body.find(b"\n", i + len(key))
+    if end < 0:
+        end = len(body)
+    elif body.startswith(raw, end + 1) and _is_name_end(body, end + 1 + cut):
+        return None  # and another one follows
+    return start, end
 
 
 def _group_lines(body: bytes, start: int, raw: bytes) -> list[tuple[int, int]]:

@@ -4,7 +4,10 @@ One poller per endpoint (as the reference's one goroutine per endpoint) means a 
 or broken server only ever delays its own polls; every poll is bounded by `timeout`. Each endpoint
 keeps one HTTP/1.1 connection alive between polls (`http_client`: a scrape every 50 ms per pod
 would otherwise be a TCP handshake every 50 ms) and a `PageMemory` of its last page, so a poll
-parses only the lines that changed.
+parses only the lines that changed. Where the engine's exporter filters by name (vLLM's:
+`EngineMapping.names_query`) a poll asks for the series it reads only, a page twenty times
+smaller; a server that refuses such a request is asked for its whole page from then on. The
+pollers share one timer (`wheel.TimerWheel`) for their polls and their timeouts.
 
 On success the endpoint gets a *new* immutable `EndpointMetrics` (readers never see half an
 update); on failure its old metrics stay, so they age and the staleness checks downstream see it.
@@ -28,17 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from epp.datalayer.core_metrics_extractor import CoreMetricsExtractor
 from epp.datalayer.http_client import FetchFailed, PageClient, client_ssl_context
 from epp.datalayer.metrics_data_source import MetricsDataSource
 from epp.datalayer.promparse import MetricsParseError, PageMemory
 from epp.datalayer.validate import Invalid
+from epp.datalayer.wheel import TimerWheel
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 
 log = logging.getLogger("epp.datalayer")
@@ -67,14 +71,16 @@ class ScrapeStats:
 
 @dataclass(slots=True, eq=False)
 class _Worker:
-    """One endpoint's polling: a timer, a GET in flight, then the next timer (callbacks on the
-    loop, no task: at 2,000 polls a second a task and a timeout context per poll would cost
-    more than the poll itself)."""
+    """One endpoint's polling: a deadline on the scraper's timer wheel, a GET in flight (with its
+    timeout on the wheel too), then the next deadline (callbacks on the loop, no task and no
+    timer of its own: at 2,000 polls a second those would cost more than the poll itself)."""
 
     endpoint: Endpoint
     client: PageClient
     stats: ScrapeStats
-    timer: asyncio.TimerHandle | None = None
+    scheduled: bool = False  # the next poll is on the wheel
+    polls: int = 0  # polls started: the one a timeout on the wheel is for
+    done: Callable[[bytes | None, BaseException | None], None] | None = None  # the GET's callback
     next_at: float = 0.0  # loop time the current or next poll is due
     started: float = 0.0  # perf_counter at the start of the poll in flight
     stopped: bool = False
@@ -83,6 +89,7 @@ class _Worker:
     engine: str = ""  # last engine resolved, to warn once about unknown ones
     memory: PageMemory = field(default_factory=PageMemory)
     quiet: int = 0  # successful polls in a row whose signals did not move
+    whole_page: bool = False  # the server refused a request for some series only: ask for all
 
     @property
     def url(self) -> str:
@@ -91,7 +98,7 @@ class _Worker:
     @property
     def polling(self) -> bool:
         """A poll is due or in flight (False once stopped)."""
-        return not self.stopped and (self.timer is not None or self.client.busy)
+        return not self.stopped and (self.scheduled or self.client.busy)
 
 
 class ScrapeFailed(Exception):
@@ -140,6 +147,8 @@ class MetricsScraper:
         self.on_polled = on_polled
         self.quantum = quantum
         self._workers: dict[str, _Worker] = {}
+        # Every poll and every poll's timeout: (worker, 0) a poll due, (worker, n) poll n's timeout.
+        self._wheel: TimerWheel[tuple[_Worker, int]] = TimerWheel(quantum, self._due)
         self._connecting: set[asyncio.Task[None]] = set()  # connection attempts cancelled by a stop
         self._running = False
         self._ssl = client_ssl_context(verify=not self.source.insecure_skip_verify) \
@@ -165,6 +174,7 @@ class MetricsScraper:
         self.datastore.unsubscribe(self._on_add, self._on_remove)
         workers = list(self._workers.values())
         self._workers.clear()
+        self._wheel.clear()
         for worker in workers:
             self._stop(worker)
         pending = [t for t in self._connecting if not t.done()]
@@ -198,9 +208,11 @@ class MetricsScraper:
             if old.endpoint is endpoint:
                 return
             self._stop(old)
-        client = PageClient(self.source.target(endpoint.spec), timeout=self.timeout, max_body=self.max_body_bytes,
-                            ssl_context=self._ssl)
+        query = self.extractor.mapping_for(self.extractor.engine_of(endpoint)).query
+        client = PageClient(self.source.target(endpoint.spec, query), timeout=self.timeout,
+                            max_body=self.max_body_bytes, ssl_context=self._ssl, timed=False)  # timeouts: the wheel
         worker = _Worker(endpoint, client, ScrapeStats(interval=self.interval))
+        worker.done = partial(self._polled, worker)
         self._workers[endpoint.address] = worker
         # Spread first polls over one interval so a relist does not scrape every pod in lockstep.
         loop = asyncio.get_running_loop()
@@ -213,10 +225,8 @@ class MetricsScraper:
             self._stop(worker)
 
     def _stop(self, worker: _Worker) -> None:
-        worker.stopped = True
-        if worker.timer is not None:
-            worker.timer.cancel()
-            worker.timer = None
+        worker.stopped = True  # what it has on the wheel is ignored when it comes up
+        worker.scheduled = False
         connecting = worker.client.close()
         if connecting is not None:
             self._connecting.add(connecting)
@@ -228,18 +238,23 @@ class MetricsScraper:
         """The next poll at `at`, rounded up to the `quantum` grid: the polls due in one step
         start in one turn of the loop and their answers come back together, far fewer wake-ups
         than polls spread evenly."""
-        quantum = self.quantum
-        if quantum > 0:
-            at = math.ceil(at / quantum) * quantum
-        worker.next_at = at
-        worker.timer = loop.call_at(at, self._poll, worker)
+        worker.next_at = self._wheel.add(at, (worker, 0))
+        worker.scheduled = True
 
-    def _poll(self, worker: _Worker) -> None:
-        worker.timer = None
+    def _due(self, entry: tuple[_Worker, int]) -> None:
+        """From the wheel: a poll is due, or a poll's time is up."""
+        worker, poll = entry
         if worker.stopped:
             return
+        if poll:
+            if worker.polls == poll and worker.client.busy:
+                worker.client.expire()
+            return
+        worker.scheduled = False
+        worker.polls += 1
         worker.started = time.perf_counter()
-        worker.client.get(lambda body, error: self._polled(worker, body, error))
+        worker.client.get(worker.done)  # type: ignore[arg-type]
+        self._wheel.add(asyncio.get_running_loop().time() + self.timeout, (worker, worker.polls))
 
     def _polled(self, worker: _Worker, body: bytes | None, error: BaseException | None) -> None:
         """A poll's page (or failure) is in: read it, then schedule the next one."""
@@ -272,6 +287,8 @@ class MetricsScraper:
             endpoint.metrics_valid = False
             self._failed(worker, _describe(exc, self.timeout), exc)
         except Exception as exc:  # any failure is this endpoint's problem only
+            if isinstance(exc, FetchFailed) and worker.client.target.query and str(exc).startswith("HTTP 4"):
+                self._ask_whole_page(worker, str(exc))
             self._failed(worker, _describe(exc, self.timeout), exc)
         else:
             self._back_off(worker, endpoint.metrics, result.metrics)
@@ -316,9 +333,19 @@ class MetricsScraper:
             if engine not in self.extractor.engines:
                 log.warning("endpoint %s: unknown engine %r, using %r metrics",
                             worker.endpoint.name, engine, self.extractor.default_engine)
-            caveat = self.extractor.mapping_for(engine).caveat
-            if caveat:
-                log.info("endpoint %s: engine %r: %s", worker.endpoint.name, engine, caveat)
+            mapping = self.extractor.mapping_for(engine)
+            if mapping.caveat:
+                log.info("endpoint %s: engine %r: %s", worker.endpoint.name, engine, mapping.caveat)
+            query = "" if worker.whole_page else mapping.query
+            if query != worker.client.target.query:  # the next poll asks for this engine's series
+                worker.client.retarget(self.source.target(worker.endpoint.spec, query))
+
+    def _ask_whole_page(self, worker: _Worker, why: str) -> None:
+        """The server does not take `?name[]=`: its whole page from now on."""
+        worker.whole_page = True
+        worker.client.retarget(self.source.target(worker.endpoint.spec))
+        log.warning("scraping %s (%s): the server refused a request for the wanted series only (%s); "
+                    "asking for its whole page from now on", worker.endpoint.name, worker.url, why)
 
     def _failed(self, worker: _Worker, message: str, exc: BaseException) -> None:
         stats = worker.stats

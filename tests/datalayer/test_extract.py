@@ -313,3 +313,66 @@ def test_builtin_table_is_read_only() -> None:
     with pytest.raises(TypeError):
         BUILTIN_ENGINES["x"] = VLLM  # type: ignore[index]
     assert set(BUILTIN_ENGINES) == {"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm", "tgi"}
+
+
+def _full(metrics: EndpointMetrics | None) -> tuple[object, ...] | None:
+    """Every field, the ITL baseline too (left out of `==`)."""
+    return None if metrics is None else (metrics, metrics.itl_sum, metrics.itl_count, metrics.update_time)
+
+
+def test_a_remembered_page_whose_numbers_moved_extracts_as_a_fresh_one() -> None:
+    """The page memory's shortcut (only numbers moved: read only them again) gives what a full
+    extraction gives, poll after poll, whatever the pod does to its page: values in and out of
+    bounds, counters that go backwards, timestamps, a new cache config, LoRA appearing and
+    changing, the model renamed, a second engine."""
+    import random
+
+    from epp.datalayer.promparse import PageMemory
+
+    rng = random.Random(3)
+    base = fixture_body("busy")
+    lora = (b'# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{max_lora="4",'
+            b'running_lora_adapters="a1",waiting_lora_adapters=""} 1.9e9\n')
+    memory = PageMemory(recheck_absent=0)
+    remembered = fresh = EMPTY_METRICS
+    itl_count, itl_sum = 3468.0, 12.5
+    shortcuts = 0
+    for poll in range(600):
+        page = base
+        running = rng.choice((0, 1, 4, 7, 300, -1, float("nan"))) if rng.random() < 0.1 else rng.randrange(8)
+        kv = rng.choice((1.5, -0.1, float("inf"))) if rng.random() < 0.05 else rng.random()
+        if rng.random() < 0.05:
+            itl_count, itl_sum = itl_count / 2, itl_sum / 2  # a restarted server
+        else:
+            itl_count, itl_sum = itl_count + rng.randrange(3), itl_sum + rng.random()
+        page = page.replace(b'num_requests_running{engine="0",model_name="tiny"} 4.0',
+                            b'num_requests_running{engine="0",model_name="tiny"} ' + repr(float(running)).encode())
+        page = page.replace(b'kv_cache_usage_perc{engine="0",model_name="tiny"} 0.2222222222222222',
+                            b'kv_cache_usage_perc{engine="0",model_name="tiny"} ' + repr(kv).encode())
+        page = page.replace(b'seconds_count{engine="0",model_name="tiny"} 3468.0',
+                            b'seconds_count{engine="0",model_name="tiny"} ' + repr(itl_count).encode())
+        page = page.replace(b'seconds_sum{engine="0",model_name="tiny"} 12.688387210999508',
+                            b'seconds_sum{engine="0",model_name="tiny"} ' + repr(itl_sum).encode())
+        phase = (poll // 60) % 6
+        if phase == 1:
+            page = page.replace(b'block_size="128"', b'block_size="' + str(16 << (poll % 3)).encode() + b'"')
+        elif phase == 2:  # LoRA appears; then two series whose values (which one wins) swap
+            second = b'vllm:lora_requests_info{max_lora="4",running_lora_adapters="b",waiting_lora_adapters=""} '
+            page += lora if poll % 60 < 10 else lora + second + (b"1.8e9\n" if poll % 2 else b"2.0e9\n")
+        elif phase == 3:
+            page = page.replace(b'model_name="tiny"', b'model_name="tiny-' + str(poll % 2).encode() + b'"')
+        elif phase == 4:
+            page = page.replace(b'num_requests_waiting{engine="0",model_name="tiny"} 8.0',
+                                b'num_requests_waiting{engine="0",model_name="tiny"} 8.0 ' + str(poll).encode())
+        elif phase == 5 and poll % 2:
+            page = page.replace(b'vllm:num_requests_running{engine="0",model_name="tiny"}',
+                                b'vllm:num_requests_running{engine="1",model_name="tiny"} 3\n'
+                                b'vllm:num_requests_running{engine="0",model_name="tiny"}')
+        now = 1.0 + poll
+        a = extract_metrics(VLLM, page, remembered, now, memory)
+        b = extract_metrics(VLLM, page, fresh, now)
+        shortcuts += memory.same_labels and not memory.unchanged
+        assert (_full(a.metrics), a.problems, a.invalid) == (_full(b.metrics), b.problems, b.invalid), poll
+        remembered = a.metrics or remembered
+        fresh = b.metrics or fresh
+    assert shortcuts > 200

@@ -209,3 +209,88 @@ def test_page_memory_still_reports_errors_in_changed_lines() -> None:
         parse_wanted(b"m{a=\"1\"} nope\n", ["m"], memory)
     with pytest.raises(MetricsParseError, match="malformed"):
         parse_wanted(b"m{a=\"1\"\n", ["m"], memory)
+
+
+def _fresh_and_remembered(pages: list[bytes], wanted: list[str]) -> list[bool]:
+    """Parse each page with one memory and without: the same samples every time (or the same
+    error). Returns `same_labels` after each page."""
+    memory = PageMemory(recheck_absent=0)
+    flags = []
+    for page in pages:
+        try:
+            fresh = parse_wanted(page, wanted)
+        except MetricsParseError as exc:
+            with pytest.raises(MetricsParseError) as caught:
+                parse_wanted(page, wanted, memory)
+            assert str(caught.value) == str(exc)
+            flags.append(False)
+            continue
+        assert parse_wanted(page, wanted, memory) == fresh, page
+        flags.append(memory.same_labels)
+    return flags
+
+
+def test_a_one_line_family_is_followed_through_every_change_of_shape() -> None:
+    one = b'a 1\nm_total{x="1"} 9\nm{x="1"} 2\nz 3\n'
+    pages = [
+        one,
+        one.replace(b"} 2", b"} 5"),  # the value moves: only it is read
+        one.replace(b"} 2", b"} 5 1700000000000"),  # a timestamp appears (still one line, same labels)
+        one.replace(b'm{x="1"} 2\n', b'm{x="1"} 5\nm{x="2"} 6\n'),  # a second line after it
+        one.replace(b"} 2", b"} 7"),
+        one.replace(b'm{x="1"} 2\n', b'm{x="0"} 1\nm{x="1"} 5\n'),  # a second line before it
+        one.replace(b"} 2", b"} 8"),
+        one.replace(b'm{x="1"} 2', b'm{x="9"} 2'),  # its labels change
+        one.replace(b'm{x="1"} 2', b'm{x="9",y="1"} 4'),
+        b'm{x="9",y="1"} 4\nz 3\n',  # now the first line of the page (no newline before it)
+        b"# " + b"p" * 5000 + b'\nm{x="9",y="1"} 4\nz 3\n',  # far beyond the search window
+        b'# HELP m{x="9",y="1"} 4\nz 3\n',  # gone (a comment that looks like it does not count)
+        one,  # back
+        one.replace(b"} 2", b"} nope"),  # a garbage value: the same error with or without memory
+        one.replace(b"} 2", b"} 2 3 4"),
+        one.replace(b"} 2", b"} +Inf"),
+        one.replace(b'm{x="1"} 2', b'm{x="1"} 2\x00'),  # binary
+        one.replace(b"} 2", b"} 6"),
+    ]
+    flags = _fresh_and_remembered(pages, ["m", "z"])
+    assert flags[1] and flags[2] and flags[15] and flags[17]
+    assert not any(flags[i] for i in (0, 3, 4, 5, 7, 8, 11, 12))
+
+
+def test_the_memory_agrees_with_a_fresh_parse_on_pages_that_change_at_random() -> None:
+    """A vLLM page changed the ways a pod can change it, one change per poll: values (also in
+    families before the wanted ones, which shifts them), new series, families that go away and
+    come back, labels, junk, whole families moved. The memory never changes the result."""
+    rng = random.Random(7)
+    base = fixture_body("busy")
+    lines = base.split(b"\n")
+    wanted = VLLM + ["vllm:inter_token_latency_seconds_count", "vllm:inter_token_latency_seconds_sum"]
+    pages = [base]
+    for _ in range(400):
+        page = list(pages[-1].split(b"\n")) if rng.random() < 0.8 else list(lines)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(page))
+            line = page[i]
+            kind = rng.random()
+            if line.startswith(b"#") or not line:
+                continue
+            if kind < 0.5:  # a value moves
+                head = line.rsplit(b" ", 1)[0]
+                page[i] = head + b" " + repr(rng.random() * rng.choice((1, 10, 1000))).encode()
+            elif kind < 0.6:  # another series of the family
+                page.insert(i + rng.randint(0, 1), line.replace(b'engine="0"', b'engine="1"'))
+            elif kind < 0.7:  # a line goes away
+                del page[i]
+            elif kind < 0.8:  # its labels change
+                page[i] = line.replace(b'model_name="tiny"', b'model_name="tiny-' + str(rng.randrange(3)).encode() + b'"')
+            elif kind < 0.85:  # garbage
+                page[i] = line.rsplit(b" ", 1)[0] + b" " + rng.choice((b"x", b"1 2 3", b"", b"NaN", b"{"))
+            elif kind < 0.95:  # the family moves elsewhere (with a long comment before it)
+                del page[i]
+                page.insert(rng.randrange(len(page)), line)
+                page.insert(rng.randrange(len(page)), b"# " + b"q" * rng.randrange(3000))
+            else:  # a prefix family next to it
+                page.insert(i, line.replace(b"{", b"_extra{", 1))
+        pages.append(b"\n".join(page))
+    flags = _fresh_and_remembered(pages, wanted)
+    assert sum(flags) > 50  # the shortcut was taken, and agreed

@@ -195,3 +195,22 @@ def test_fixture_pages_fit_a_board_slot() -> None:
             assert state is not None and state.metrics == result.metrics and state.address == "[::1]:8000"
         finally:
             board.close()
+
+
+async def test_the_child_says_when_the_board_changed(servers: list[FakeModelServer]) -> None:
+    """With the backing timer out of the way (an hour), the metrics still reach the datastore
+    poll after poll: the child's notes trigger the copies, and nothing else calls `sync` here."""
+    datastore = Datastore()
+    scraper = ScraperProcess(datastore, interval=INTERVAL, timeout=0.5, slots=8, sync_interval=3600.0)
+    await scraper.start()
+    try:
+        server = await new_server(servers)
+        ep = datastore.upsert(server.spec("pod-a"))
+        await wait_until(lambda: ep.metrics.update_time > 0, "first scrape through the board")
+        for body, running in ((IDLE, 0), (BUSY, 4), (IDLE, 0)):
+            server.body = body
+            await wait_until(lambda r=running: ep.metrics.running_requests == r, f"running {running}")
+        before = ep.metrics.update_time
+        await wait_until(lambda: ep.metrics.update_time > before, "a later scrape (the ITL counters moved)")
+    finally:
+        await scraper.stop()

@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from epp.datalayer import CoreMetricsExtractor, MetricsDataSource, MetricsScraper
+from epp.datalayer.engines import BUILTIN_ENGINES
 from epp.datastore import Datastore, Endpoint, EndpointSpec
 
 from .helpers import fixture_body, wait_until
@@ -33,9 +34,10 @@ class FakeModelServer:
     """A `/metrics` server whose behaviour a test switches at will."""
 
     def __init__(self) -> None:
-        self.mode = "ok"  # ok | hang | garbage | binary | truncated | error | chunked
+        self.mode = "ok"  # ok | hang | garbage | binary | truncated | error | chunked | no-query
         self.body = BUSY
         self.requests = 0
+        self.queries: list[str] = []  # the query string of each request
         self.release = asyncio.Event()  # ends every hanging request (so shutdown is quick)
         app = web.Application()
         app.router.add_get("/metrics", self.handle)
@@ -43,6 +45,9 @@ class FakeModelServer:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
+        self.queries.append(request.query_string)
+        if self.mode == "no-query" and request.query_string:
+            return web.Response(status=400, text="unknown parameter")
         if self.mode == "hang":
             await self.release.wait()
             return web.Response(status=503)
@@ -487,3 +492,45 @@ async def test_https_with_and_without_verification(tmp_path: Path, skip_verify: 
     finally:
         await sc.stop()
         await runner.cleanup()
+
+
+async def test_vllm_is_asked_for_the_wanted_series_only(servers: Servers, scraper: Scraper) -> None:
+    """vLLM's /metrics (prometheus_client) serves only the series named by `name[]`: the scraper
+    asks for the names it reads, every engine alternative included."""
+    datastore, _ = scraper
+    server = await new_server(servers)
+    ep = datastore.upsert(server.spec("pod-a"))
+    await wait_until(lambda: ep.metrics.update_time > 0, "first scrape")
+    from urllib.parse import parse_qs
+
+    asked = parse_qs(server.queries[0])["name[]"]
+    mapping = BUILTIN_ENGINES["vllm"]
+    assert sorted(asked) == sorted({*mapping.primary.names, *mapping.fallback.names})
+    assert "vllm:inter_token_latency_seconds_count" in asked and "vllm:gpu_cache_usage_perc" in asked
+
+
+async def test_a_server_that_refuses_the_series_query_is_asked_for_its_whole_page(
+        servers: Servers, scraper: Scraper) -> None:
+    datastore, sc = scraper
+    server = await new_server(servers)
+    server.mode = "no-query"
+    ep = datastore.upsert(server.spec("pod-a"))
+    await wait_until(lambda: ep.metrics.update_time > 0, "metrics from the whole page")
+    assert server.queries[0] and server.queries[-1] == ""
+    assert (m := ep.metrics).running_requests == 4 and m.cache_num_blocks == 64
+    assert ep.scrape_error == ""
+
+
+async def test_an_engine_without_the_series_query_asks_for_the_whole_page(servers: Servers) -> None:
+    server = await new_server(servers)
+    server.body = b"tgi_queue_size 2\ntgi_batch_current_size 3\n"
+    datastore = Datastore()
+    sc = MetricsScraper(datastore, MetricsDataSource(), CoreMetricsExtractor(default_engine="tgi"),
+                        interval=INTERVAL)
+    await sc.start()
+    try:
+        ep = datastore.upsert(server.spec("pod-a"))
+        await wait_until(lambda: ep.metrics.update_time > 0, "first scrape")
+        assert set(server.queries) == {""}
+    finally:
+        await sc.stop()
