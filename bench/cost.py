@@ -418,7 +418,7 @@ def _page_kb(asked: bool = False) -> str:
     """The whole page's size, or (`asked`) that of the page of the series a vLLM scrape asks for."""
     from urllib.parse import parse_qs
 
-    from bench.moving_pages import restrict
+    from epp.sim.exposition import restrict
     from bench.stubpods import metrics_page
     from epp.datalayer.engines import BUILTIN_ENGINES
 

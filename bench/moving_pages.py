@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
 from bench.common import free_ports, start_process, stop_process
+from epp.sim.exposition import restrict
 
 _MOVING = (
     b'vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} ',
@@ -35,28 +36,6 @@ _MOVING = (
     b'vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} ',
     b"process_cpu_seconds_total ",
 )
-
-
-def restrict(page: bytes, names: set[str]) -> bytes:
-    """What prometheus_client serves for `?name[]=` these names: the samples whose name is one of
-    them, under their family's HELP and TYPE lines; a family with none of them is left out."""
-    out: list[bytes] = []
-    family: list[bytes] = []  # the current family's comment lines, until one of its samples is kept
-    kept = False
-    wanted = {n.encode() for n in names}
-    for line in page.split(b"\n"):
-        if line.startswith(b"# HELP "):
-            family, kept = [line], False
-        elif line.startswith(b"#"):
-            family.append(line)
-        elif line:
-            cut = min((i for i in (line.find(b"{"), line.find(b" ")) if i >= 0), default=len(line))
-            if line[:cut] in wanted:
-                if not kept:
-                    out += family
-                    kept = True
-                out.append(line)
-    return b"\n".join(out) + b"\n" if out else b""
 
 
 def _template(names: set[str] | None = None) -> tuple[list[bytes], list[int]]:

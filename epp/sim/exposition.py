@@ -98,6 +98,28 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def restrict(page: bytes, names: set[str]) -> bytes:
+    """What prometheus_client serves for `?name[]=` these names: the samples whose name is one of
+    them, under their family's HELP and TYPE lines; a family with none of them is left out."""
+    out: list[bytes] = []
+    family: list[bytes] = []  # the current family's comment lines, until one of its samples is kept
+    kept = False
+    wanted = {n.encode() for n in names}
+    for line in page.split(b"\n"):
+        if line.startswith(b"# HELP "):
+            family, kept = [line], False
+        elif line.startswith(b"#"):
+            family.append(line)
+        elif line:
+            cut = min((i for i in (line.find(b"{"), line.find(b" ")) if i >= 0), default=len(line))
+            if line[:cut] in wanted:
+                if not kept:
+                    out += family
+                    kept = True
+                out.append(line)
+    return b"\n".join(out) + b"\n" if out else b""
+
+
 def _labels(pairs: dict[str, str]) -> str:
     return ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(pairs.items()))
 

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from epp.sim.config import EngineConfig, SimConfig
 from epp.sim.engine import Engine
-from epp.sim.exposition import CONTENT_TYPE, Exposition
+from epp.sim.exposition import CONTENT_TYPE, Exposition, restrict
 from epp.sim.factory import RequestFactory
 from epp.sim.generation import token_piece, token_text
 from epp.sim.kv_events import EventBatch
@@ -441,8 +441,11 @@ class SimPod:
         if fault == "error":
             return web.Response(status=500, body=b"Internal Server Error",
                                 headers={"Content-Type": "text/plain; charset=utf-8"})
-        text = self.exposition.render(self.engine, self.metrics)
-        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
+        page = self.exposition.render(self.engine, self.metrics).encode()
+        names = request.query.getall("name[]", [])
+        if names:  # vLLM's /metrics is prometheus_client's: it serves only the series asked for
+            page = restrict(page, set(names))
+        return web.Response(body=page, headers={"Content-Type": CONTENT_TYPE})
 
 
 _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})

@@ -7,10 +7,11 @@ from urllib.parse import parse_qs
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import _bake_output
 
-from bench.moving_pages import _Pod, _template, restrict
+from bench.moving_pages import _Pod, _template
 from bench.stubpods import metrics_page
 from epp.datalayer.engines import BUILTIN_ENGINES
 from epp.datalayer.promparse import parse_wanted
+from epp.sim.exposition import restrict
 
 
 def test_restrict_serves_what_prometheus_client_serves_for_name_filters() -> None:

@@ -321,6 +321,21 @@ async def test_metrics_follow_load(http: aiohttp.ClientSession, vllm_fixtures: P
     assert metric(text, "vllm:time_to_first_token_seconds_count") == 6
 
 
+async def test_metrics_serve_only_the_series_asked_for_as_vllm_does(http: aiohttp.ClientSession) -> None:
+    """vLLM mounts prometheus_client's ASGI app at /metrics, which honours `?name[]=`."""
+    async with SimPod(tiny_config()) as p:
+        async with http.get(p.url + "/metrics") as r:
+            whole = await r.text()
+        query = "name%5B%5D=vllm%3Anum_requests_running&name%5B%5D=vllm%3Aprefix_cache_hits_total"
+        async with http.get(f"{p.url}/metrics?{query}") as r:
+            assert r.status == 200
+            part = await r.text()
+    families = {f.name: f for f in text_string_to_metric_families(part)}
+    assert set(families) == {"vllm:num_requests_running", "vllm:prefix_cache_hits"}
+    assert "# TYPE vllm:num_requests_running gauge" in part and "vllm:prefix_cache_hits_created" not in part
+    assert len(part) < len(whole) // 10
+
+
 async def test_client_disconnect_aborts_the_request(http: aiohttp.ClientSession) -> None:
     async with SimPod(tiny_config(time_scale=0.05)) as p:
         body = {"prompt": "hello", "max_tokens": 900, "ignore_eos": True, "stream": True}
