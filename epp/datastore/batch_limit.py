@@ -4,23 +4,30 @@ vLLM does not export `max_num_seqs`, and a wrong guess is costly: a pod running 
 slots (long generations on `--max-num-seqs 8`) makes a new request wait for one of them to end,
 seconds, while the default of 256 says "room". The scrapes show it, though: requests waiting
 while the KV cache has room and no prompt big enough to fill a step's token budget is being
-prefilled can only wait for a slot, so the number running then is the limit. Seen `CONFIRM`
-times at the most requests the pod has ever run, it is taken as the limit (a pod restarted with
-more slots shows more running, and the count starts again).
+prefilled can only wait for a slot, so the number running then is the limit. Seen in `CONFIRM`
+scrapes in a row at the most requests the pod has ever run, each after the engine stepped (its
+KV use changed since the scrape before: arrivals alone move the queue), it is taken as the limit (a pod
+restarted with more slots shows more running, and the count starts again). In a row and moving,
+because a busy pod below its limit shows requests waiting too: the ones that arrived since its
+last step, admitted at the next, and a slow step (an A100 prefilling) outlasts several scrapes
+of one unchanged state. One scrape that is not at the limit with requests waiting starts again;
+a limit once taken is kept until the pod runs more.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-CONFIRM = 3  # scrapes that must agree
+CONFIRM = 3  # scrapes that must agree, in a row, each of a new engine state
 _KV_ROOM = 0.9  # below this KV use, a waiting request is not waiting for blocks
 
 
 @dataclass(slots=True)
 class BatchLimit:
     most_running: int = 0  # the most requests the pod was ever seen running at once
-    confirmed: int = 0  # scrapes that showed requests waiting for a slot at `most_running`
+    confirmed: int = 0  # scrapes in a row that showed requests waiting for a slot at `most_running`
+    taken: bool = False  # `most_running` is the limit
+    last: tuple[int, float] = (0, 0.0)  # the previous scrape's running and KV use
 
     def observe(self, running: int, waiting: int, kv_usage: float, prefill_backlog: int,
                 token_budget: int) -> None:
@@ -28,13 +35,21 @@ class BatchLimit:
         if running > self.most_running:
             self.most_running = running
             self.confirmed = 0
+            self.taken = False
+        state = (running, kv_usage)
+        if self.taken or state == self.last:
+            return  # known, or the engine has not stepped since the last scrape
+        self.last = state
         if (running > 0 and running == self.most_running and waiting > 0 and kv_usage < _KV_ROOM
                 and prefill_backlog < token_budget // 2):
             self.confirmed += 1
+            self.taken = self.confirmed >= CONFIRM
+        else:
+            self.confirmed = 0  # not in a row: a passing queue is no limit
 
     def limit(self, configured: int) -> int:
         """The pod's batch limit: the one its scrapes showed, else `configured` (never below what
         it was seen running)."""
-        if self.confirmed >= CONFIRM:
+        if self.taken:
             return self.most_running
         return max(configured, self.most_running)

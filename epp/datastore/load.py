@@ -98,6 +98,7 @@ class EndpointLoad:
     prefill_pairs: float = 0.0  # Σ attention_pairs of `pending`
     decoding: int = 0  # requests past prefill, not ended
     context_tokens: int = 0  # Σ mean_context of the decoding ones (KV their steps read)
+    decode_output: int = 0  # Σ output_tokens of the decoding ones (how soon they end)
     footprint_tokens: int = 0  # Σ footprint of every outstanding request
     requests: int = 0
     models: dict[str, int] = field(default_factory=dict)  # target model -> outstanding requests
@@ -169,6 +170,7 @@ class EndpointLoad:
         else:
             self.decoding -= 1
             self.context_tokens -= item.mean_context
+            self.decode_output -= item.output_tokens
         item.released = True
         self.footprint_tokens -= item.footprint_tokens
         self.requests -= 1
@@ -205,6 +207,7 @@ class EndpointLoad:
         self.prefill_pairs -= item.attention_pairs
         self.decoding += 1
         self.context_tokens += item.mean_context
+        self.decode_output += item.output_tokens
 
     def mark_scrape(self) -> None:
         """New scraped metrics arrived: remember what the EPP had outstanding at that moment."""

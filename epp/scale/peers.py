@@ -37,7 +37,7 @@ from epp.scale.table import SharedTable
 log = logging.getLogger("epp.scale")
 
 _MEMORY = 200.0  # observations a service model remembers (its forgetting 0.995 per observation)
-_INT_FIELDS = (t.INFLIGHT, t.TOKENS, t.BACKLOG, t.DECODING, t.CONTEXT, t.FOOTPRINT, t.REQUESTS)
+_INT_FIELDS = (t.INFLIGHT, t.TOKENS, t.BACKLOG, t.DECODING, t.CONTEXT, t.FOOTPRINT, t.REQUESTS, t.DECODE_OUTPUT)
 
 
 @dataclass(slots=True, eq=False)
@@ -146,6 +146,7 @@ class SharedLoad:
         load.context_tokens += round(delta[t.CONTEXT])
         load.footprint_tokens += round(delta[t.FOOTPRINT])
         load.requests += round(delta[t.REQUESTS])
+        load.decode_output += round(delta[t.DECODE_OUTPUT])
         # Rates: bring own and folded parts to `now`, then swap the folded part for the new one.
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
         pick, work = load.rate_at(now), load.utilization_at(now)
@@ -213,6 +214,7 @@ class SharedLoad:
             load.footprint_tokens - f[t.FOOTPRINT],
             load.requests - f[t.REQUESTS],
             len(load.pending),
+            load.decode_output - f[t.DECODE_OUTPUT],
             max(0.0, load.rate_at(now) - f[t.PICK_RATE] * old),
             max(0.0, load.utilization_at(now) - f[t.WORK_RATE] * old),
             now,

@@ -7,29 +7,73 @@ from epp.datastore.batch_limit import CONFIRM, BatchLimit
 BUDGET = 8192
 
 
+class Scraped:
+    """A pod's limit fed scrapes; each shows a new engine state (its KV use moved) unless `same`."""
+
+    def __init__(self) -> None:
+        self.limit = BatchLimit()
+        self._kv = 0.2
+
+    def __call__(self, running: int, waiting: int, kv: float | None = None, backlog: int = 0,
+                 same: bool = False) -> None:
+        if not same:
+            self._kv += 1e-4
+        self.limit.observe(running, waiting, self._kv if kv is None else kv, backlog, BUDGET)
+
+
 def test_requests_waiting_for_a_slot_reveal_the_limit() -> None:
-    limit = BatchLimit()
+    scrape = Scraped()
     for running in (3, 6, 8):
-        limit.observe(running, 0, 0.2, 0, BUDGET)
-    assert limit.limit(256) == 256  # nothing waits: the configured value (never below 8)
+        scrape(running, 0)
+    assert scrape.limit.limit(256) == 256  # nothing waits: the configured value (never below 8)
     for _ in range(CONFIRM):
-        limit.observe(8, 4, 0.2, 1200, BUDGET)  # 8 run, 4 wait, KV has room, no big prefill
-    assert limit.limit(256) == 8
+        scrape(8, 4, backlog=1200)  # 8 run, 4 wait, KV has room, no big prefill
+    assert scrape.limit.limit(256) == 8
+
+
+def test_scrapes_of_one_engine_state_count_once() -> None:
+    scrape = Scraped()
+    scrape(8, 4)
+    for _ in range(10):  # a slow step outlasts the scrapes: nothing moved
+        scrape(8, 4, same=True)
+    assert scrape.limit.limit(256) == 256
+    for _ in range(CONFIRM - 1):
+        scrape(8, 4)
+    assert scrape.limit.limit(256) == 8
 
 
 def test_waiting_for_kv_blocks_or_a_full_token_budget_is_not_a_slot_limit() -> None:
-    limit = BatchLimit()
-    for _ in range(10):
-        limit.observe(5, 3, 0.95, 0, BUDGET)  # the KV cache is full
-        limit.observe(5, 3, 0.3, 16000, BUDGET)  # a 16k-token prompt fills every step's budget
-    assert limit.limit(256) == 256
+    scrape = Scraped()
+    for i in range(10):
+        scrape(5, 3, kv=0.95 + i * 1e-3)  # the KV cache is full
+        scrape(5, 3, backlog=16000)  # a 16k-token prompt fills every step's budget
+    assert scrape.limit.limit(256) == 256
 
 
 def test_a_pod_seen_running_more_starts_again() -> None:
-    limit = BatchLimit()
+    scrape = Scraped()
     for _ in range(CONFIRM):
-        limit.observe(8, 2, 0.2, 0, BUDGET)
-    assert limit.limit(256) == 8
-    limit.observe(12, 0, 0.2, 0, BUDGET)  # restarted with more slots
-    assert limit.limit(256) == 256
-    assert limit.limit(4) == 12  # never below what it was seen running
+        scrape(8, 2)
+    assert scrape.limit.limit(256) == 8
+    scrape(12, 0)  # restarted with more slots
+    assert scrape.limit.limit(256) == 256
+    assert scrape.limit.limit(4) == 12  # never below what it was seen running
+
+
+def test_a_busy_pods_passing_queue_is_no_limit() -> None:
+    scrape = Scraped()
+    scrape(164, 0)
+    for _ in range(20):  # requests that arrived since the last step, admitted at the next
+        scrape(164, 2)
+        scrape(164, 2)
+        scrape(160, 0)
+    assert scrape.limit.limit(256) == 256
+
+
+def test_a_limit_once_seen_is_kept_until_the_pod_runs_more() -> None:
+    scrape = Scraped()
+    for _ in range(CONFIRM):
+        scrape(8, 3)
+    scrape(5, 0)
+    scrape(6, 2)
+    assert scrape.limit.limit(256) == 8

@@ -43,8 +43,10 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> Endpoint:
         active_models=frozenset(rng.sample(["lora-a", "lora-b", "lora-c"], rng.randint(0, 3))),
         max_active_models=rng.choice([0, 1, 2, 4]), cache_block_size=16 if blocks else 0, cache_num_blocks=blocks,
         update_time=now - 0.01)
-    for _ in range(rng.choice([0, 0, 3])):  # a pod seen full with requests waiting for a slot
-        ep.batch_limit.observe(rng.randint(1, 12), rng.randint(1, 5), 0.2, 0, 8192)
+    if rng.random() < 0.3:  # a pod seen full with requests waiting for a slot for a while
+        running = rng.randint(1, 12)
+        for t in range(3):
+            ep.batch_limit.observe(running, rng.randint(1, 5), 0.2 + t * 0.01, 0, 8192)
     return ep
 
 

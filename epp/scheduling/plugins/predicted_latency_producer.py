@@ -58,13 +58,9 @@ if TYPE_CHECKING:
 
 _MS = 1e-3
 _RATE_WINDOW = 10.0  # seconds
-# The steps whose length a decode batch sets, per TTFT of a request arriving at the pod: the
-# step in flight and its own (1.5) on an idle pod, more behind the queue it joins and the
-# requests that join it meanwhile. 1.5 under-priced decode on pods a hot prefix keeps busy; at the
-# loads the shipped workloads run, 6 measured better on every shape where the choice mattered
-# (16 pods, virtual time: Zipf prompts TTFT p90 39 → 36 ms, agentic p99 211 → 186 ms, B2B at KV
-# demand 1.5 p99 328 → 291 ms; prefix-heavy p99 55 → 64 ms, within 1.2× the best other policy).
-_STEPS_PER_TTFT = 6.0
+# A request arriving at a busy pod waits for the step in flight and then its own: the steps
+# whose length a decode batch sets, per TTFT.
+_STEPS_PER_TTFT = 1.5
 _MAX_UTILIZATION = 0.95
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 
@@ -179,7 +175,6 @@ class PredictedLatencyProducer(DataProducer):
         mean_prompt = stats.mean_prompt_tokens
         unexplained_context = mean_prompt + mean_output * 0.5
         half_output = output * 0.5
-        priced = min(output, mean_output)
         prompt_context = prompt + half_output
         learn = self.learn
         configured_seqs = self.prior.max_num_seqs
@@ -206,9 +201,11 @@ class PredictedLatencyProducer(DataProducer):
             context = float(load.context_tokens)
             waiting_queue = metrics.waiting_queue_size
             unexplained = max(0, waiting_queue + metrics.running_requests - load.requests_at_scrape)
+            running_output = float(load.decode_output)
             if unexplained:
                 decoding += unexplained
                 context += unexplained * unexplained_context
+                running_output += unexplained * mean_output
             queued = load.backlog_at(now) if load.pending else max(0.0, float(load.prefill_backlog))
             if waiting_queue > load.pending_at_scrape:
                 queued += (waiting_queue - load.pending_at_scrape) * mean_prompt
@@ -226,18 +223,19 @@ class PredictedLatencyProducer(DataProducer):
             prefill_seconds = step_scale * step_feature + prefill_scale * prefill_feature
             wait = 0.0
             if decoding > 0.0:
+                ending_output = running_output / decoding  # of the requests running there
                 if load.requests + unexplained >= ep.batch_limit.limit(configured_seqs):
-                    wait = self._slot_wait(ep, decoding, context, output, mean_output, unexplained)
+                    wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
                 m = metrics
                 if m.cache_num_blocks * m.cache_block_size > 0:
-                    wait += self._kv_wait(ep, own, decoding, context, mean_output)
+                    wait += self._kv_wait(ep, own, decoding, context, ending_output)
             if model and metrics.max_active_models > 0:
                 wait += self._adapter_wait(ep, model, decoding, context, mean_output)
             step = step_scale * (overhead + per_seq * (decoding + 1.0) + per_context * (context + prompt))
             itl = step + prefill_scale * per_prefill * min(queued, prior.max_batched_tokens)
             share = step_scale * (per_seq + per_context * prompt_context)
             own_seconds = prefill_scale * (per_prefill * own + prior.per_attention_pair * own * (cached + own * 0.5))
-            work = own_seconds + priced * share
+            work = own_seconds + output * share
             # EndpointLoad.utilization_at / rate_at, inline (one decay for both)
             work_rate, pick_rate = load.work_rate, load.pick_rate
             if work_rate > 0.0 or pick_rate > 0.0:
@@ -248,7 +246,7 @@ class PredictedLatencyProducer(DataProducer):
                 utilization = rate = 0.0
             u = min(_MAX_UTILIZATION, utilization)
             arrivals = max(rate, arrivals_per_pod)
-            lifetime = priced * step
+            lifetime = output * step
             externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
@@ -270,16 +268,21 @@ class PredictedLatencyProducer(DataProducer):
         # Traffic the ledger cannot explain (other replicas, clients bypassing the gateway): what
         # the last scrape showed beyond the EPP's own requests of that moment.
         unexplained = max(0, metrics.waiting_queue_size + metrics.running_requests - load.requests_at_scrape)
+        running_output = float(load.decode_output)  # the expected outputs of what runs there
         if unexplained:  # about the model's usual request each
             decoding += unexplained
             context += unexplained * (stats.mean_prompt_tokens + mean_output * 0.5)
+            running_output += unexplained * mean_output
+        # How soon the running requests end, for the slot and KV waits: a pod full of long
+        # generations frees its slots and blocks far later than the model's mean output says.
+        ending_output = running_output / decoding if decoding > 0.0 else mean_output
         queued = load.backlog_at(now)
         if metrics.waiting_queue_size > load.pending_at_scrape:
             queued += (metrics.waiting_queue_size - load.pending_at_scrape) * stats.mean_prompt_tokens
         pairs = load.prefill_pairs + own * (cached + own * 0.5)
         estimate = service.ttft(queued + own, pairs, decoding, context)
-        wait = self._slot_wait(ep, decoding, context, output, mean_output, unexplained)
-        wait += self._kv_wait(ep, own, decoding, context, mean_output)
+        wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
+        wait += self._kv_wait(ep, own, decoding, context, ending_output)
         wait += self._adapter_wait(ep, model, decoding, context, mean_output)
         step = service.step_seconds(decoding + 1.0, context + prompt)
         itl = step + service.prefill_scale * prior.per_prefill_token * min(queued, prior.max_batched_tokens)
@@ -291,14 +294,10 @@ class PredictedLatencyProducer(DataProducer):
         share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
         own_seconds = service.prefill_scale * (prior.per_prefill_token * own
                                                + prior.per_attention_pair * own * (cached + own * 0.5))
-        # Its decode is priced at no more than the model's mean output: a long generation's tail
-        # is spread over pods by then (requests end, others start) and a price that grows with it
-        # would make every pod a long one touches look saturated (u at its cap) for seconds.
-        priced = min(output, mean_output)
-        work = own_seconds + priced * share
+        work = own_seconds + output * share
         u = min(_MAX_UTILIZATION, load.utilization_at(now))
         arrivals = max(load.rate_at(now), arrivals_per_pod)
-        lifetime = priced * step  # its decode, at the pod's steady step (the queued prefill passes)
+        lifetime = output * step  # its decode, at the pod's steady step (the queued prefill passes)
         externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
         # A full cache evicts some other prompt's prefix for this one's new blocks: that prompt's
         # next request pays the prefill again.
@@ -325,7 +324,8 @@ class PredictedLatencyProducer(DataProducer):
 
     @staticmethod
     def _completions_per_second(service_step: float, decoding: float, mean_output: float) -> float:
-        """How fast running requests end: each needs about half the mean output still."""
+        """How fast running requests end: each needs about half its expected output still
+        (`mean_output`: the mean of what runs there)."""
         remaining = max(1.0, mean_output * 0.5)
         return decoding / (remaining * max(service_step, 1e-6))
 
