@@ -8,18 +8,23 @@
 - `hol`: short interactive requests mixed with a few very long generations that hold batch
   slots for seconds (head-of-line blocking when they pile up on one pod).
 
-Text is made of 3-letter words plus a space (4 characters ≈ one simulated token, as the simulator
-counts), so prompt sizes below are in tokens.
+Text is made of words that are one token each for the simulated pods' tokenizer (the shipped
+byte-level BPE's single-token words, 2–9 characters), so prompt sizes below are in tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass, field
 from itertools import product
 from string import ascii_lowercase
 
+from epp.sim.tokens import DEFAULT_TOKENIZER, load_tokenizer
+
+# 3-letter words (4 characters with a space): the vocabulary of bench/tokenizer.py's WordLevel
+# tokenizer (inference-perf's) and of the cost benchmarks' prompts, where characters count.
 WORDS: tuple[str, ...] = tuple("".join(p) for p in product(ascii_lowercase, repeat=3))[:4000]
 CHAT = "/v1/chat/completions"
 COMPLETION = "/v1/completions"
@@ -44,8 +49,15 @@ class Workload:
     plan: list[Planned] = field(default_factory=list)
 
 
+@functools.cache
+def _vocab() -> tuple[str, ...]:
+    """Words of one token each (with their leading space) for the pods' default tokenizer."""
+    return load_tokenizer(DEFAULT_TOKENIZER).output_vocab
+
+
 def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choices(WORDS, k=n))
+    """`n` tokens of text, as the pods count them."""
+    return "".join(rng.choices(_vocab(), k=n)).lstrip()
 
 
 def poisson_times(rng: random.Random, rate: float, duration: float) -> list[float]:
