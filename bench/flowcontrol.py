@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.sim_common import (RESULTS, SimTask, default_jobs, errors_text, log, md_table, ms, pct, progress,
-                              pyplot, ratio, run_tasks, sec)
+                              pyplot, ratio, run_tasks, sec, write_report)
 from epp.config.defaults import DEFAULT_CONFIG
 from epp.sim.cluster.cluster import Cluster
 from epp.sim.cluster.report import GroupStats, Report, build_report, pct as nearest_rank
@@ -846,11 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         hol_section(hol, plots_dir, plots),
         "",
     ])
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "flowcontrol.md"
-    path.write_text(text)
-    log(f"wrote {path} ({wall:.0f} s)")
-    print(text)
+    write_report(out / "flowcontrol.md", text, wall)
     return 0
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.scale import case_table
-from bench.sim_common import RESULTS, SimTask, default_jobs, log, md_table, ms, pct, progress, run_tasks
+from bench.sim_common import RESULTS, SimTask, default_jobs, md_table, ms, pct, progress, run_tasks, write_report
 from bench.sim_configs import precise_config
 from epp.sim.cluster.report import Report
 from epp.sim.cluster.simulate import EppArm, Policy
@@ -89,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"## {name} (KV demand ~{WORKLOADS[name]})", "", f"*{load_workload(name).description}*", "",
                   case_table(case), ""]
     text = "\n".join(lines)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / ("precise-virtual-quick.md" if args.quick else "precise-virtual.md")
-    path.write_text(text)
-    log(f"wrote {path} ({wall:.0f} s)")
-    print(text)
+    write_report(args.out / ("precise-virtual-quick.md" if args.quick else "precise-virtual.md"), text, wall)
     return 0
 
 

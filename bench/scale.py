@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.sim_common import RESULTS, SimTask, default_jobs, log, md_table, ms, pct, progress, ratio, run_tasks
+from bench.sim_common import RESULTS, SimTask, default_jobs, md_table, ms, pct, progress, ratio, run_tasks, write_report
 from epp.config.defaults import WEIGHTED_CONFIG
 from epp.sim.cluster.report import Report
 from epp.sim.cluster.simulate import EppArm, Policy
@@ -164,13 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         w = load_workload(workload_name)
         lines += [f"## {workload_name}, {pool_label}", "", f"*{w.description}*", "", case_table(case), ""]
     text = "\n".join(lines)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("scale-quick.md" if args.quick else "scale.md")
     if args.tiny:
         path = args.out / "scale.md"
-    path.write_text(text)
-    log(f"wrote {path} ({wall:.0f} s)")
-    print(text)
+    write_report(path, text, wall)
     return 0
 
 

@@ -72,6 +72,14 @@ def run_tasks(tasks: Sequence[SimTask], jobs: int = 1,
     return [r for r in results if r is not None]
 
 
+def write_report(path: Path, text: str, wall: float) -> None:
+    """Write a benchmark's Markdown report (its directory made), say where, and print it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    log(f"wrote {path} ({wall:.0f} s)")
+    print(text)
+
+
 def progress(task: SimTask, report: Report) -> None:
     log(f"{task.label}: {report.policy} on {task.pods} pods: {report.ok}/{report.requests} served, "
         f"{report.end_time:.0f} s virtual in {report.wall_seconds:.1f} s")
