@@ -6,7 +6,7 @@ with FULL_DUPLEX_STREAMED request bodies, an ORIGINAL_DST upstream cluster route
 the EPP: the picking filter has no response phase, and a second ext_proc filter in
 `observability_mode` reports the response headers, body chunks and end to the EPP without Envoy
 waiting for it (`epp/extproc/observer.py`), on the requests the EPP marks `x-epp-observe` (every
-streamed one, a sample of the others); the picking filter's `response_trailer_mode: SEND` keeps
+request by default, or every streamed one and a sample of the others); the picking filter's `response_trailer_mode: SEND` keeps
 its stream open until the response ends, which is when the EPP releases the request. Requests that carry `x-gateway-model-name-rewrite`
 take a route whose picking filter does see the response, so the EPP can write the client's model
 name back into it. `response_body_mode="FULL_DUPLEX_STREAMED"` renders the reference's config

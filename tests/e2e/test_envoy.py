@@ -172,7 +172,7 @@ async def test_the_shipped_config_keeps_responses_off_the_epp_and_still_learns_t
         for i in range(3):
             async with session.post(f"{stack.url}/v1/completions", json={
                     "model": FAST.model, "prompt": f"stream me {i}", "max_tokens": 12, "stream": True,
-                    "stream_options": {"include_usage": True}}) as r:
+                    "ignore_eos": True, "stream_options": {"include_usage": True}}) as r:
                 assert r.status == 200
                 await r.read()
     await wait_for(lambda: inflight(stack) == 0)
