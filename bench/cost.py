@@ -59,10 +59,26 @@ REFERENCE = "reference"  # every response chunk through the EPP
 FULL, NONE = REFERENCE, SHIPPED  # the names other benchmarks import
 
 
-def envoy_config(listen: int, admin: int, grpc_port: int, mode: str) -> EnvoyConfig:
+def envoy_config(listen: int, admin: int, grpc_port: int, mode: str, *, tls: bool = True) -> EnvoyConfig:
     if mode == REFERENCE:
-        return EnvoyConfig(listen, admin, grpc_port, epp_tls=True, response_body_mode="FULL_DUPLEX_STREAMED")
-    return EnvoyConfig(listen, admin, grpc_port, epp_tls=True)
+        return EnvoyConfig(listen, admin, grpc_port, epp_tls=tls, response_body_mode="FULL_DUPLEX_STREAMED")
+    return EnvoyConfig(listen, admin, grpc_port, epp_tls=tls)
+
+
+@contextmanager
+def mode_envoys(grpc_port: int, modes: tuple[str, ...] = (SHIPPED, REFERENCE), *,
+                tls: bool = True) -> Iterator[dict[str, EnvoyProcess]]:
+    """One started Envoy per Envoy config in `modes`, in front of the ext_proc server on `grpc_port`."""
+    envoys: dict[str, EnvoyProcess] = {}
+    try:
+        for mode in modes:
+            listen, admin = free_ports(2)
+            envoys[mode] = EnvoyProcess(envoy_config(listen, admin, grpc_port, mode, tls=tls))
+            envoys[mode].start()
+        yield envoys
+    finally:
+        for envoy in envoys.values():
+            envoy.close()
 
 FULL_MATCH_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -138,16 +154,11 @@ def epp_stack(endpoints: list[str], tag: str, modes: tuple[str, ...] = (SHIPPED,
     epp = Epp(proc, grpc_port, metrics)
     try:
         wait_http(f"http://127.0.0.1:{metrics}/metrics", proc=proc)
-        for mode in modes:
-            listen, admin = free_ports(2)
-            envoy = EnvoyProcess(envoy_config(listen, admin, grpc_port, mode))
-            epp.envoys[mode] = envoy
-            envoy.start()
-        time.sleep(0.5)
-        yield epp
+        with mode_envoys(grpc_port, modes) as envoys:
+            epp.envoys.update(envoys)
+            time.sleep(0.5)
+            yield epp
     finally:
-        for envoy in epp.envoys.values():
-            envoy.close()
         stop_process(proc)
         if tmp is not None:
             Path(tmp.name).unlink(missing_ok=True)
@@ -520,45 +531,27 @@ async def part_floor(args: argparse.Namespace) -> list[str]:
              "| load | Envoy config | rate | server CPU per request / chunk |", "|---|---|---|---|"]
     rng = random.Random(5)
     bodies = prompt_bodies(rng, 200, 500)
-    with StubPods(10) as stubs, floor_server(stubs.addresses) as (proc, port):
-        envoys: dict[str, EnvoyProcess] = {}
-        try:
-            for mode in (SHIPPED, REFERENCE):
-                listen, admin = free_ports(2)
-                envoys[mode] = EnvoyProcess(EnvoyConfig(listen, admin, port, **(
-                    {"response_body_mode": "FULL_DUPLEX_STREAMED"} if mode == REFERENCE else {})))
-                envoys[mode].start()
-            for mode, envoy in envoys.items():
-                url = envoy.url + "/v1/completions"
-                await closed_loop(url, bodies, 4, 0.3)
-                c0 = cpu_seconds(proc.pid)
-                r = await closed_loop(url, bodies, args.concurrency, args.duration)
-                per = (cpu_seconds(proc.pid) - c0) / max(1, len(r.latencies))
-                args.figures.setdefault("floor", {})[f"requests {mode}"] = per
-                lines.append(f"| small requests, 10 stubs | {mode} | {r.rps:,.0f} req/s | {per * 1e3:.2f} ms |")
-        finally:
-            for envoy in envoys.values():
-                envoy.close()
+    with StubPods(10) as stubs, floor_server(stubs.addresses) as (proc, port), \
+            mode_envoys(port, tls=False) as envoys:
+        for mode, envoy in envoys.items():
+            url = envoy.url + "/v1/completions"
+            await closed_loop(url, bodies, 4, 0.3)
+            c0 = cpu_seconds(proc.pid)
+            r = await closed_loop(url, bodies, args.concurrency, args.duration)
+            per = (cpu_seconds(proc.pid) - c0) / max(1, len(r.latencies))
+            args.figures.setdefault("floor", {})[f"requests {mode}"] = per
+            lines.append(f"| small requests, 10 stubs | {mode} | {r.rps:,.0f} req/s | {per * 1e3:.2f} ms |")
     spec = PodSpec(count=2, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
-    with Pods(spec, "cost-floor") as sims, floor_server(sims.addresses) as (proc, port):
-        envoys = {}
-        try:
-            for mode in (SHIPPED, REFERENCE):
-                listen, admin = free_ports(2)
-                envoys[mode] = EnvoyProcess(EnvoyConfig(listen, admin, port, **(
-                    {"response_body_mode": "FULL_DUPLEX_STREAMED"} if mode == REFERENCE else {})))
-                envoys[mode].start()
-            for mode, envoy in envoys.items():
-                c0 = cpu_seconds(proc.pid)
-                outs = await _stream_loop(envoy.url, args.stream_concurrency, args.duration, args.stream_tokens)
-                chunks = sum(o.tokens for o in outs)
-                per = (cpu_seconds(proc.pid) - c0) / max(1, chunks)
-                args.figures.setdefault("floor", {})[f"tokens {mode}"] = per
-                lines.append(f"| {args.stream_concurrency} streams × {args.stream_tokens} tokens | {mode} | "
-                             f"{chunks:,} chunks | {per * 1e6:,.0f} µs per chunk |")
-        finally:
-            for envoy in envoys.values():
-                envoy.close()
+    with Pods(spec, "cost-floor") as sims, floor_server(sims.addresses) as (proc, port), \
+            mode_envoys(port, tls=False) as envoys:
+        for mode, envoy in envoys.items():
+            c0 = cpu_seconds(proc.pid)
+            outs = await _stream_loop(envoy.url, args.stream_concurrency, args.duration, args.stream_tokens)
+            chunks = sum(o.tokens for o in outs)
+            per = (cpu_seconds(proc.pid) - c0) / max(1, chunks)
+            args.figures.setdefault("floor", {})[f"tokens {mode}"] = per
+            lines.append(f"| {args.stream_concurrency} streams × {args.stream_tokens} tokens | {mode} | "
+                         f"{chunks:,} chunks | {per * 1e6:,.0f} µs per chunk |")
     return lines
 
 
