@@ -51,6 +51,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_child(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child process: terminate, then kill if it has not ended within 10 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 OBSERVER_FILTER = "epp-response-observer"
 PICKER_FILTER = "envoy.filters.http.ext_proc"
 
@@ -305,13 +316,7 @@ class EnvoyProcess:
         return {s["name"]: s.get("value", 0) for s in data.get("stats", []) if "name" in s and s["name"].startswith(prefix)}
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
         self.proc = None
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from epp.local.envoy import free_port
+from epp.local.envoy import free_port, stop_child
 
 
 def server_binary() -> str:
@@ -63,11 +63,5 @@ class RedisServer:
         raise TimeoutError("redis-server did not start")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
         self.proc = None
