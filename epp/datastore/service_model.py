@@ -11,9 +11,14 @@ modelled as it is, while two parameters stay identifiable from few, noisy observ
 
 Observations: a request's time to first token against the prefill queued ahead of it (both
 parts), and its mean inter-token latency against the batch it decoded in (mostly the step part).
-The fit is a least-squares regression on relative errors that starts from the prior (as a few
-pseudo-observations), with exponential forgetting (a pod that slows down is followed) and Huber
-weights (a preempted or network-delayed request does not drag the fit).
+The fit is a least-squares regression on errors relative to the current prediction that starts
+from the prior (as a few pseudo-observations), with exponential forgetting (a pod that slows down
+is followed) and Huber weights (a preempted or network-delayed request does not drag the fit).
+Relative to the *prediction*, not to the observation: dividing the features by a noisy observed
+time biases both scales low (the mean of 1/t exceeds 1/mean t), and a time to first token is
+noisy by construction — a request waits out a random share of the step in flight. Divided by the
+observation, warm requests on a busy pod (one step of noise, little prefill) pulled a pod's
+prefill scale to half its truth, and a cold prompt there was then predicted at half its cost.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class ServiceModel:
     observations: int = 0
     # EWMA of |predicted - observed| / observed over TTFT observations (what SREs watch).
     ttft_error: float = 0.0
-    # Least squares on relative features, A = Σ w·x·xᵀ and b = Σ w·x (each target is 1), plus
+    # Least squares on features relative to the prediction, A = Σ w·x·xᵀ and b = Σ w·x·y, plus
     # `prior_weight` pseudo-observations of scale 1 that are forgotten like real ones.
     prior_weight: float = 2.0
     forgetting: float = 0.995  # per observation (an effective memory of ~200)
@@ -114,30 +119,34 @@ class ServiceModel:
             return
         if not (math.isfinite(step_feature) and math.isfinite(prefill_feature)):
             return
-        x1 = step_feature / observed
-        x2 = prefill_feature / observed
-        if x1 + x2 <= 0.0:
+        predicted = self.step_scale * step_feature + self.prefill_scale * prefill_feature
+        if predicted <= 0.0:
             return
-        predicted = self.step_scale * x1 + self.prefill_scale * x2  # relative: 1.0 is exact
         if ttft:
-            error = abs(predicted - 1.0)
+            error = abs(predicted - observed) / observed
             self.ttft_error = error if self.observations == 0 else 0.9 * self.ttft_error + 0.1 * error
-        residual = abs(predicted - 1.0)
+        # observed / predicted ≈ step_scale·x1 + prefill_scale·x2, each feature relative to the
+        # prediction (1.0 on the right is exact).
+        x1 = step_feature / predicted
+        x2 = prefill_feature / predicted
+        y = observed / predicted
+        residual = abs(y - 1.0)
         weight = 1.0 if residual <= 1.0 else 1.0 / residual  # Huber: outliers count less
         g = self.forgetting
         self._prior *= g
         self._a11 = g * self._a11 + weight * x1 * x1
         self._a12 = g * self._a12 + weight * x1 * x2
         self._a22 = g * self._a22 + weight * x2 * x2
-        self._b1 = g * self._b1 + weight * x1
-        self._b2 = g * self._b2 + weight * x2
+        self._b1 = g * self._b1 + weight * x1 * y
+        self._b2 = g * self._b2 + weight * x2 * y
         self.observations += 1
         self._solve()
 
     def _solve(self) -> None:
         """Refit both scales; the prior pulls on the relative error of the scale it says.
 
-        A real observation of a pod k× slower than the prior has features ~1/k, so it weighs
+        A real observation of a pod k× slower than the prior has features ~1/k (relative to a
+        prediction that has found the pod), so it weighs
         1/k² of a pseudo-observation `scale ≈ 1`: left as it is, the prior would hold a slow pod's
         fit near the fast one's for hundreds of requests (and a slow pod gets few). Weighing the
         prior's pull by 1/scale² (re-linearised at the current fit, two rounds) makes it count as

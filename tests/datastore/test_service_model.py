@@ -80,3 +80,28 @@ def test_scales_are_bounded() -> None:
     for _ in range(500):
         model.observe(1e-6, 1e-6, 10.0)  # absurdly slow
     assert model.step_scale <= 50.0 and model.prefill_scale <= 50.0
+
+
+def test_a_noisy_first_token_time_does_not_bias_the_fit() -> None:
+    """A request that reaches a busy pod waits out a random share of the step in flight, so its
+    time to first token scatters by up to a step around the prediction. Warm requests (a step of
+    that noise, a little prefill) are most of what a pod answers; a fit on errors relative to the
+    *observed* time read that scatter as a pod cheaper than it is (the mean of 1/t exceeds 1/mean
+    t) and halved its prefill scale on long-document traffic, so a cold prompt was then predicted
+    at half its cost."""
+    model = ServiceModel()
+    rng = random.Random(4)
+    p = model.prior
+    for i in range(2000):
+        decoding = rng.randint(10, 40)
+        context = decoding * 20_000
+        step = p.overhead + p.per_decode_seq * decoding + p.per_context_token * context
+        cold = i % 25 == 0
+        own, cached = (20_000, 0) if cold else (rng.randint(50, 400), 20_000)
+        estimate = model.ttft(own, own * (cached + own * 0.5), decoding, context)
+        steps = estimate.steps
+        true = step * (steps + rng.random()) + (p.per_prefill_token * own + p.per_attention_pair * own * (cached + own * 0.5))
+        model.observe(estimate.step_feature, estimate.prefill_feature, true, ttft=True)
+        model.observe(*model.itl_features(decoding, context, 0), step * (1 + rng.gauss(0, 0.05)))
+    assert model.step_scale == pytest.approx(1.0, rel=0.1)
+    assert model.prefill_scale == pytest.approx(1.0, rel=0.1)
