@@ -53,9 +53,10 @@ STATS_CAPACITY = 4096
 _SET_CACHE_LIMIT = 4096
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class BoardState:
-    """One endpoint's slot as last published."""
+    """One endpoint's slot as last published (a reader's copy: not frozen, which would cost a
+    microsecond per read, on every poll of every endpoint)."""
 
     version: int
     token: int

@@ -104,10 +104,14 @@ class ScraperProcess:
         if datastore.clock is not time.monotonic:
             raise ValueError("the scraper process needs the datastore on time.monotonic (the clock it stamps with)")
         self.datastore = datastore
+        # The child's poll grid (`quantum`): the polls due in one step start in one turn of its
+        # loop and their answers come back together, one wake-up and one note for many pods. Half
+        # an interval makes two cohorts, each polled every interval (the metrics' age is that of
+        # a finer grid); at 100 pods it costs about a fifth less CPU than a fifth of an interval.
         self.settings = ScrapeSettings.of(
             source or MetricsDataSource(), extractor or CoreMetricsExtractor(), interval=interval,
             max_interval=max(interval, max_interval or interval), timeout=timeout, max_body_bytes=max_body_bytes,
-            quantum=interval / 5 if quantum is None else quantum, log_level=log_level)
+            quantum=interval / 2 if quantum is None else quantum, log_level=log_level)
         self.interval = interval
         # The board is copied into the datastore when the child says it changed (within about 2
         # milliseconds of a publish: what this adds to the metrics' age) and before every pick;

@@ -369,9 +369,10 @@ class MetricsScraper:
         self._full_rate(worker)
         worker.quiet = 0
         log.debug("scraping %s at the full rate again: the EPP sent it requests", worker.endpoint.name)
-        if worker.scheduled:  # (a poll in flight schedules the next one at the full rate itself)
-            loop = asyncio.get_running_loop()
-            self._schedule(worker, loop, loop.time())
+        if worker.scheduled:  # now, off the grid (a poll in flight schedules the next one at the full rate)
+            worker.due += 1  # what it has on the wheel is superseded
+            worker.next_at = asyncio.get_running_loop().time()
+            self._due((worker, -worker.due))
         return True
 
     def _check_traffic(self) -> None:
