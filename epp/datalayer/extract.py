@@ -97,15 +97,21 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
     shape = last.shape if last is not None else _Shape()
     if shortcuts:
         _remake_template(shape, mapping, body, memory, result, samples)
-    memory.result = _Remembered(result, totals, previous, samples, body if memory.complete else b"", shape)
+    known = body if memory.complete and len(body) <= MAX_REMEMBERED_BYTES else b""
+    memory.result = _Remembered(result, totals, previous, samples, known, shape)
     return result
+
+
+# A page this large is not kept to be known again (a pod's memory, whatever it sends; a vLLM page
+# is ~55 KB whole, ~2 KB asked for its series).
+MAX_REMEMBERED_BYTES = 256 << 10
 
 
 def _quick(mapping: EngineMapping, body: bytes, previous: EndpointMetrics, now: float, memory: PageMemory,
            last: _Remembered) -> Extraction | None:
     """The extraction of a page that is the last one again, or matches its template; None when
     the page must be parsed."""
-    if last.body and body == last.body:
+    if last.body and body == last.body:  # (an unchanged page of an idle pod: one memcmp)
         again = _again(last, previous, now)
         if again is None:
             return None
