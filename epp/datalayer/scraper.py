@@ -160,7 +160,7 @@ class MetricsScraper:
         self._workers: dict[str, _Worker] = {}
         self._backed_off: set[_Worker] = set()  # polled less often than `interval`
         self._traffic_timer: asyncio.TimerHandle | None = None
-        # Every poll and every poll's timeout: (worker, 0) a poll due, (worker, n) poll n's timeout.
+        # Every poll and every poll's timeout: (worker, -n) its n-th scheduled poll, (worker, n) poll n's timeout.
         self._wheel: TimerWheel[tuple[_Worker, int]] = TimerWheel(quantum, self._due)
         self._connecting: set[asyncio.Task[None]] = set()  # connection attempts cancelled by a stop
         self._running = False
