@@ -2,6 +2,7 @@
 
     python -m bench.cost                    # all parts (~4 min)
     python -m bench.cost --parts scrape     # one part: rate | pick | prompt | scrape | tokens
+    python -m bench.cost --parts scrape --endpoints 100 --scrape-modes process   # some of it
     python -m bench.cost --quick
 
 CPU is the EPP's own user+system time (all threads, and its scraper process) from
@@ -383,10 +384,10 @@ async def part_scrape(args: argparse.Namespace) -> list[str]:
              "scrape | age mean ms | age p99 ms | interval mean ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n in args.endpoints:
         kinds = ("moving", "whole", "static") if n == max(args.endpoints) else ("moving", "static")
-        for pages in kinds:
+        for pages in (k for k in kinds if k in args.scrape_pages):
             source = MovingPages(n, whole=pages == "whole") if pages != "static" else StubPods(n)
             with source as pods:
-                for mode in ("in-loop", "process"):
+                for mode in (m for m in ("in-loop", "process") if m in args.scrape_modes):
                     log(f"scrape: {n} endpoints, {pages} pages, {mode}")
                     extra = ("--scrape-in-process",) if mode == "in-loop" else ()
                     with epp_stack(pods.addresses, f"scrape{n}", modes=(), extra=extra) as epp:
@@ -585,6 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-concurrency", type=int, default=2)
     parser.add_argument("--scrape-seconds", type=float, default=8.0)
     parser.add_argument("--age-samples", type=int, default=8, help="metrics-age samples per scrape window")
+    parser.add_argument("--scrape-pages", type=lambda s: s.split(","), default=["moving", "whole", "static"],
+                        help="scrape part: which pages (moving,whole,static)")
+    parser.add_argument("--scrape-modes", type=lambda s: s.split(","), default=["in-loop", "process"],
+                        help="scrape part: which scrapers (in-loop,process)")
     parser.add_argument("--pick-requests", type=int, default=600, help="requests per in-process pick measurement")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds before a scrape measurement starts")
     parser.add_argument("--stream-concurrency", type=int, default=16)

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from epp.datalayer.engines import EngineMapping, Specs
+from epp.datalayer.page_template import MAX_TEMPLATE_BYTES, PageTemplate
 from epp.datalayer.promparse import PageMemory, Sample, parse_wanted
 from epp.datalayer.validate import (
     Invalid,
@@ -53,8 +54,20 @@ class Extraction:
 
 def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetrics, now: float,
                     memory: PageMemory | None = None) -> Extraction:
-    """Read the mapping's metrics from a `/metrics` body. Raises `MetricsParseError`."""
+    """Read the mapping's metrics from a `/metrics` body. Raises `MetricsParseError`.
+
+    With the endpoint's `memory` a page is read only as far as it changed: the same bytes again
+    are the same extraction (`_again`); a page that matches the last one's template (only the
+    numbers read moved, `page_template`) has those numbers read and checked, nothing else; a page
+    whose wanted lines kept their labels has its values read again (`_values_moved`); any other
+    page is read in full. Each gives what reading it in full would give."""
     # An exporter that creates a gauge on its first use (TGI's): a family appearing is news at once.
+    shortcuts = memory is not None and not mapping.first_use_prefix
+    last = memory.result if memory is not None and isinstance(memory.result, _Remembered) else None
+    if shortcuts and last is not None:
+        quick = _quick(mapping, body, previous, now, memory, last)  # type: ignore[arg-type]
+        if quick is not None:
+            return quick
     recheck = 0 if mapping.first_use_prefix else None
     samples = parse_wanted(body, mapping.primary, memory, recheck_absent=recheck)
     if mapping.fallback.names and (
@@ -62,27 +75,154 @@ def extract_metrics(mapping: EngineMapping, body: bytes, previous: EndpointMetri
             or (len(mapping.itl) > 1 and f"{mapping.itl[0].name}_count" not in samples)):
         unchanged = memory is not None and memory.unchanged
         same_labels = memory is not None and memory.same_labels
+        complete = memory is not None and memory.complete
         samples.update(parse_wanted(body, mapping.fallback, memory, recheck_absent=recheck))
         if memory is not None:
             memory.unchanged = unchanged and memory.unchanged
             memory.same_labels = same_labels and memory.same_labels
-    if memory is not None:
-        last = memory.result
-        if isinstance(last, _Remembered) and not mapping.first_use_prefix:
-            if memory.unchanged:
-                again = _again(last, previous, now)
-                if again is not None:
-                    memory.result = _Remembered(again, last.totals, previous, samples)
-                    return again
-            elif memory.same_labels:
-                moved = _values_moved(mapping, samples, previous, now, last)
-                if moved is not None:
-                    memory.result = _Remembered(moved[0], moved[1], previous, samples)
-                    return moved[0]
+            memory.complete = complete and memory.complete
+    if memory is None:
+        return _extract(mapping, body, samples, previous, now)[0]
+    result: Extraction | None = None
+    totals: tuple[float, float] | None = None
+    if shortcuts and last is not None:
+        if memory.unchanged:
+            result, totals = _again(last, previous, now), last.totals
+        elif memory.same_labels:
+            moved = _values_moved(mapping, samples, previous, now, last)
+            if moved is not None:
+                result, totals = moved
+    if result is None:
         result, totals = _extract(mapping, body, samples, previous, now)
-        memory.result = _Remembered(result, totals, previous, samples)
-        return result
-    return _extract(mapping, body, samples, previous, now)[0]
+    shape = last.shape if last is not None else _Shape()
+    if shortcuts:
+        _remake_template(shape, mapping, body, memory, result, samples)
+    known = body if memory.complete and len(body) <= MAX_REMEMBERED_BYTES else b""
+    memory.result = _Remembered(result, totals, previous, samples, known, shape)
+    return result
+
+
+# A page this large is not kept to be known again (a pod's memory, whatever it sends; a vLLM page
+# is ~55 KB whole, ~2 KB asked for its series).
+MAX_REMEMBERED_BYTES = 256 << 10
+
+
+def _quick(mapping: EngineMapping, body: bytes, previous: EndpointMetrics, now: float, memory: PageMemory,
+           last: _Remembered) -> Extraction | None:
+    """The extraction of a page that is the last one again, or matches its template; None when
+    the page must be parsed."""
+    if last.body and body == last.body:  # (an unchanged page of an idle pod: one memcmp)
+        again = _again(last, previous, now)
+        if again is None:
+            return None
+        memory.unchanged = memory.same_labels = memory.complete = True
+        memory.result = _Remembered(again, last.totals, previous, last.samples, body, last.shape)
+        return again
+    shape = last.shape
+    template, plan = shape.template, shape.plan
+    if template is None or plan is None:
+        return None
+    tokens = template.values(body)
+    if tokens is None:  # the page changed shape: parse it (and make a new template of it)
+        shape.template = shape.plan = None
+        if not shape.matched:
+            shape.misses += 1
+        return None
+    shape.matched = True
+    shape.misses = 0
+    done = last.extraction
+    if done.metrics is None or previous is not done.metrics:
+        return None
+    found: dict[str, Any] = {}
+    try:
+        for index, key, check in plan.fields:
+            value = float(tokens[index])
+            if check(value):
+                return None  # out of bounds: the full extraction names every invalid value
+            found[key] = value if check is fraction_error else int(value)
+        totals: tuple[float, float] | None = None
+        if plan.itl is not None:
+            sums, counts = plan.itl
+            totals = (sum(float(tokens[i]) for i in sums), sum(float(tokens[i]) for i in counts))
+            if total_error(totals[0]) or total_error(totals[1]):
+                return None
+            _read_itl(totals, previous, found)
+    except ValueError:
+        return None  # not a number: the parser says where
+    again = Extraction(_updated(previous, now, found), done.problems)
+    memory.unchanged = False
+    memory.same_labels = memory.complete = True
+    memory.result = _Remembered(again, totals, previous, shape.samples, body, shape)
+    return again
+
+
+@dataclass(slots=True, frozen=True)
+class _Plan:
+    """What `_values_moved` would read from a page that matches a template, found once: the token
+    of the series that wins each value field (`_latest`: which one wins is a matter of labels and
+    timestamps, the template's literal bytes) and the tokens the ITL histogram's totals add up."""
+
+    fields: tuple[tuple[int, str, Check], ...]  # token, field, bounds
+    itl: tuple[tuple[int, ...], tuple[int, ...]] | None  # the sum's tokens, the count's
+
+    @classmethod
+    def of(cls, mapping: EngineMapping, template: PageTemplate, samples: dict[str, list[Sample]]) -> _Plan | None:
+        token: dict[int, int] = {}  # id(sample) -> its value's token
+        for name, first, count in template.families:
+            lines = samples.get(name, [])
+            if len(lines) != count:
+                return None
+            token.update((id(sample), first + k) for k, sample in enumerate(lines))
+        fields: list[tuple[int, str, Check]] = []
+        for specs, key, check in _value_fields(mapping):
+            sample = _latest(specs, samples) if specs else None
+            if sample is not None:  # (absent: one of the problems the extraction reported)
+                if id(sample) not in token:
+                    return None
+                fields.append((token[id(sample)], key, check))
+        itl = None
+        for spec in mapping.itl:  # as `_histogram_totals`: the first alternative present
+            sums, counts = samples.get(f"{spec.name}_sum"), samples.get(f"{spec.name}_count")
+            if sums and counts:
+                chosen = ([s for s in sums if spec.matches(s.labels)], [s for s in counts if spec.matches(s.labels)])
+                if any(id(s) not in token for s in (*chosen[0], *chosen[1])):
+                    return None
+                itl = (tuple(token[id(s)] for s in chosen[0]), tuple(token[id(s)] for s in chosen[1]))
+                break
+        return cls(tuple(fields), itl)
+
+
+def _remake_template(shape: _Shape, mapping: EngineMapping, body: bytes, memory: PageMemory, result: Extraction,
+                     samples: dict[str, list[Sample]]) -> None:
+    """After a parse, a template of the page if it has none that fits: a small page, every family
+    looked for, values valid. Templates that no page matched (a page whose other numbers move,
+    or whose labels do) are not made again for a while: each costs a regex compile."""
+    if shape.template is not None or not memory.complete or result.metrics is None \
+            or len(body) > MAX_TEMPLATE_BYTES:
+        return
+    if shape.wait > 0:
+        shape.wait -= 1
+        return
+    if shape.misses >= _TEMPLATE_MISSES:
+        shape.misses = 0
+        shape.wait = _TEMPLATE_WAIT
+        return
+    template = PageTemplate.of(body, memory, _value_names(mapping))
+    plan = _Plan.of(mapping, template, samples) if template is not None else None
+    shape.template, shape.plan = (template, plan) if plan is not None else (None, None)
+    shape.samples = samples
+    shape.matched = False
+
+
+_TEMPLATE_MISSES = 2  # templates in a row that no page matched ...
+_TEMPLATE_WAIT = 20  # ... and the parses before the next one is made
+
+
+def _value_names(mapping: EngineMapping) -> tuple[str, ...]:
+    """The families whose values the extraction reads as numbers (not by their labels)."""
+    names = [spec.name for specs, _, _ in _value_fields(mapping) for spec in specs]
+    names += [f"{spec.name}{suffix}" for spec in mapping.itl for suffix in ("_sum", "_count")]
+    return tuple(dict.fromkeys(names))
 
 
 _METRIC_FIELDS = tuple(f.name for f in fields(EndpointMetrics))
@@ -94,14 +234,33 @@ def _updated(previous: EndpointMetrics, now: float, found: dict[str, Any]) -> En
     return EndpointMetrics(*[found[name] if name in found else getattr(previous, name) for name in _METRIC_FIELDS])
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, eq=False)
+class _Shape:
+    """One endpoint's page as a template (`page_template`), with the samples read from the page
+    it was made of (their labels and timestamps are the template's literal bytes)."""
+
+    template: PageTemplate | None = None
+    plan: _Plan | None = None  # what to read from a page that matches it
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    matched: bool = False  # a page matched the template since it was made
+    misses: int = 0  # templates in a row that no page matched
+    wait: int = 0  # parses before a template is made again
+
+
+@dataclass(slots=True)
 class _Remembered:
-    """An extraction and what it was made from, for a page that comes back the same."""
+    """An extraction and what it was made from, for a page that comes back the same (made on
+    every poll and never changed: not frozen, which would cost a microsecond each time)."""
 
     extraction: Extraction
     totals: tuple[float, float] | None  # the ITL histogram's (sum, count), None if absent
     previous: EndpointMetrics
-    samples: dict[str, list[Sample]]  # what was read (a family's list is reused while its lines stay the same)
+    # What was read (a family's list is reused while its lines stay the same). After a template
+    # match, the template page's samples: the families read by their labels (the cache config,
+    # LoRA) are what they hold, and only those are compared with the next parse's.
+    samples: dict[str, list[Sample]]
+    body: bytes  # the page, when its parse looked for every family (b"": not), to know it again
+    shape: _Shape
 
 
 def _again(last: _Remembered, previous: EndpointMetrics, now: float) -> Extraction | None:

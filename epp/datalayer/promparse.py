@@ -98,14 +98,17 @@ class PageMemory:
     `unchanged` tells after a parse whether every wanted family read the same bytes as the
     previous parse (and none appeared or went away): the page's signals did not move.
     `same_labels` whether every wanted family had the same lines with the same label sets (only
-    values or timestamps may have moved, and no family appeared or went away): a busy pod's page."""
+    values or timestamps may have moved, and no family appeared or went away): a busy pod's page.
+    `complete` whether it looked for every wanted family (none was skipped as absent): only then
+    does the page say all there is to know about every family, present or not."""
 
-    __slots__ = ("_absent", "_groups", "recheck_absent", "result", "same_labels", "unchanged")
+    __slots__ = ("_absent", "_groups", "complete", "recheck_absent", "result", "same_labels", "unchanged")
 
     def __init__(self, recheck_absent: int = ABSENT_RECHECK_POLLS) -> None:
         self.recheck_absent = recheck_absent
         self.unchanged = False
         self.same_labels = False
+        self.complete = False
         # What the caller made of the page as last parsed (the extractor keeps its result here,
         # to skip the work when the page did not change).
         self.result: object = None
@@ -118,6 +121,7 @@ class PageMemory:
         self._absent.clear()
         self.unchanged = False
         self.same_labels = False
+        self.complete = False
         self.result = None
 
 
@@ -137,7 +141,7 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
     if nul != -1:
         raise MetricsParseError(f"not Prometheus text: NUL byte at offset {nul}")
     out: dict[str, list[Sample]] = {}
-    unchanged = same_labels = True
+    unchanged = same_labels = complete = True
     for name, raw, needle in wanted._needles:
         group: _Group | None = None
         if memory is None:
@@ -146,6 +150,7 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
             skip = memory._absent.get(name, 0)
             if skip > 0:
                 memory._absent[name] = skip - 1
+                complete = False
                 continue
             group = memory._groups.get(name)
             if group is not None and group.key:
@@ -201,7 +206,31 @@ def parse_wanted(body: bytes, wanted: WantedNames | Iterable[str],
     if memory is not None:
         memory.unchanged = unchanged
         memory.same_labels = same_labels
+        memory.complete = complete
     return out
+
+
+def value_spans(body: bytes, memory: PageMemory, name: str) -> list[tuple[int, int]] | None:
+    """Where the value of each line of family `name` is in `body`, which `memory` has just
+    parsed: (start, end) of each line's value token, in line order. None when the family is not
+    on the page (or not as `memory` last saw it)."""
+    group = memory._groups.get(name)
+    if group is None or not body.startswith(group.raw, group.start):
+        return None
+    raw = name.encode()
+    spans: list[tuple[int, int]] = []
+    start = group.start
+    for line in group.raw.split(b"\n"):
+        _, pos = _parse_line(line, name, len(raw), body, start)
+        token = _TOKEN.search(line, pos)
+        if token is None:
+            return None
+        spans.append((start + token.start(), start + token.end()))
+        start += len(line) + 1
+    return spans
+
+
+_TOKEN = re.compile(rb"\S+")  # a line's value: its first token after the label set (`_value`)
 
 
 def _find_group(body: bytes, raw: bytes, needle: bytes, hint: int) -> int:

@@ -17,10 +17,15 @@ per metric for the EPP's own metrics. Errors are logged once when they start, on
 change kind and once when they clear, never per poll.
 
 Back-off: an endpoint whose signals (every field but the scrape time) came back the same for
-`QUIET_POLLS` polls in a row is polled half as often, and so on up to `max_interval`; the first
-poll that sees a change (or fails) returns it to `interval`. Its metrics then age up to
-`max_interval` between polls, which `ScrapeStats.interval` (and so the EPP's own
-`inference_pool_endpoint_scrape_interval_seconds`) shows.
+`QUIET_POLLS` polls in a row (an idle pod) is polled half as often, and so on up to
+`max_interval`; the first poll that sees a change (or fails) returns it to `interval`, and so
+does traffic: as soon as the EPP has requests in flight on it (the request path's endpoint, or
+what `traffic` reports: the scraper process's readers mark it on the board), it is polled at
+once and at the full rate again, since a pod that just got requests is one whose metrics
+routing needs fresh. Its metrics age up to `max_interval` between polls while backed off, which
+`ScrapeStats.interval` (and so the EPP's own `inference_pool_endpoint_scrape_interval_seconds`)
+shows next to `inference_pool_endpoint_metrics_age_seconds`; the first back-off of each endpoint
+is logged.
 
 This runs on whatever loop starts it: the request path's in-process mode (tests, the
 simulator's live pods), or the scraper process (`scrape_process`), which publishes each poll
@@ -33,7 +38,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -51,6 +56,7 @@ MAX_ERROR_LEN = 200
 QUIET_POLLS = 3  # polls with unchanged signals before an endpoint's interval doubles
 
 PollHook = Callable[[Endpoint, "ScrapeStats"], None]
+Traffic = Callable[[], Iterable[str]]  # addresses the EPP sent requests to since the last call
 
 
 @dataclass(slots=True)
@@ -79,6 +85,7 @@ class _Worker:
     client: PageClient
     stats: ScrapeStats
     scheduled: bool = False  # the next poll is on the wheel
+    due: int = 0  # which of its wheel entries is that poll (an earlier one supersedes it: `hurry`)
     polls: int = 0  # polls started: the one a timeout on the wheel is for
     done: Callable[[bytes | None, BaseException | None], None] | None = None  # the GET's callback
     next_at: float = 0.0  # loop time the current or next poll is due
@@ -89,6 +96,7 @@ class _Worker:
     engine: str = ""  # last engine resolved, to warn once about unknown ones
     memory: PageMemory = field(default_factory=PageMemory)
     quiet: int = 0  # successful polls in a row whose signals did not move
+    backed_off_once: bool = False  # its first back-off was logged
     whole_page: bool = False  # the server refused a request for some series only: ask for all
 
     @property
@@ -119,7 +127,8 @@ class MetricsScraper:
     `interval` is `--refresh-metrics-interval`; `timeout` bounds each poll (connect, headers and
     body), so a hanging server makes its own metrics stale and nothing else. `max_interval`
     (default: `interval`, no back-off) is the longest an endpoint whose signals do not move
-    waits between polls. `on_polled` runs after every poll with the endpoint and its stats.
+    waits between polls. `on_polled` runs after every poll with the endpoint and its stats;
+    `traffic`, every `interval / 5` while an endpoint is backed off, says which got requests.
     """
 
     def __init__(
@@ -134,6 +143,7 @@ class MetricsScraper:
         max_interval: float | None = None,
         on_polled: PollHook | None = None,
         quantum: float = 0.0,
+        traffic: Traffic | None = None,
     ) -> None:
         if interval <= 0 or timeout <= 0:
             raise ValueError("interval and timeout must be > 0")
@@ -146,8 +156,11 @@ class MetricsScraper:
         self.max_body_bytes = max_body_bytes
         self.on_polled = on_polled
         self.quantum = quantum
+        self.traffic = traffic
         self._workers: dict[str, _Worker] = {}
-        # Every poll and every poll's timeout: (worker, 0) a poll due, (worker, n) poll n's timeout.
+        self._backed_off: set[_Worker] = set()  # polled less often than `interval`
+        self._traffic_timer: asyncio.TimerHandle | None = None
+        # Every poll and every poll's timeout: (worker, -n) its n-th scheduled poll, (worker, n) poll n's timeout.
         self._wheel: TimerWheel[tuple[_Worker, int]] = TimerWheel(quantum, self._due)
         self._connecting: set[asyncio.Task[None]] = set()  # connection attempts cancelled by a stop
         self._running = False
@@ -175,6 +188,10 @@ class MetricsScraper:
         workers = list(self._workers.values())
         self._workers.clear()
         self._wheel.clear()
+        self._backed_off.clear()
+        if self._traffic_timer is not None:
+            self._traffic_timer.cancel()
+            self._traffic_timer = None
         for worker in workers:
             self._stop(worker)
         pending = [t for t in self._connecting if not t.done()]
@@ -227,6 +244,7 @@ class MetricsScraper:
     def _stop(self, worker: _Worker) -> None:
         worker.stopped = True  # what it has on the wheel is ignored when it comes up
         worker.scheduled = False
+        self._backed_off.discard(worker)
         connecting = worker.client.close()
         if connecting is not None:
             self._connecting.add(connecting)
@@ -238,18 +256,21 @@ class MetricsScraper:
         """The next poll at `at`, rounded up to the `quantum` grid: the polls due in one step
         start in one turn of the loop and their answers come back together, far fewer wake-ups
         than polls spread evenly."""
-        worker.next_at = self._wheel.add(at, (worker, 0))
+        worker.due += 1
+        worker.next_at = self._wheel.add(at, (worker, -worker.due))
         worker.scheduled = True
 
     def _due(self, entry: tuple[_Worker, int]) -> None:
-        """From the wheel: a poll is due, or a poll's time is up."""
+        """From the wheel: a poll is due (-n: the worker's n-th scheduled one), or poll n's time is up."""
         worker, poll = entry
         if worker.stopped:
             return
-        if poll:
+        if poll > 0:
             if worker.polls == poll and worker.client.busy:
                 worker.client.expire()
             return
+        if -poll != worker.due or not worker.scheduled:
+            return  # superseded by an earlier poll
         worker.scheduled = False
         worker.polls += 1
         worker.started = time.perf_counter()
@@ -319,12 +340,56 @@ class MetricsScraper:
         stats = worker.stats
         if _moved(old, new):
             worker.quiet = 0
-            stats.interval = self.interval
+            self._full_rate(worker)
             return
         worker.quiet += 1
         if worker.quiet >= QUIET_POLLS and stats.interval < self.max_interval:
             stats.interval = min(self.max_interval, stats.interval * 2)
             worker.quiet = 0
+            self._backed_off.add(worker)
+            if self._traffic_timer is None:
+                self._traffic_timer = asyncio.get_running_loop().call_later(self.interval / 5, self._check_traffic)
+            if not worker.backed_off_once:
+                worker.backed_off_once = True
+                log.info("scraping %s (%s) less often: its metrics did not move for %d polls; every %.0f ms, "
+                         "up to %.0f ms, until they move, a poll fails or the EPP sends it requests (its "
+                         "metrics age shows it; logged once per endpoint)", worker.endpoint.name, worker.url,
+                         QUIET_POLLS, stats.interval * 1e3, self.max_interval * 1e3)
+
+    def _full_rate(self, worker: _Worker) -> None:
+        worker.stats.interval = self.interval
+        self._backed_off.discard(worker)
+
+    def hurry(self, address: str) -> bool:
+        """The EPP sent requests to this endpoint: if it is backed off, poll it now, and at the
+        full rate from then on (until its metrics stay put again). True if it was backed off."""
+        worker = self._workers.get(address)
+        if worker is None or worker.stopped or worker not in self._backed_off:
+            return False
+        self._full_rate(worker)
+        worker.quiet = 0
+        log.debug("scraping %s at the full rate again: the EPP sent it requests", worker.endpoint.name)
+        if worker.scheduled:  # now, off the grid (a poll in flight schedules the next one at the full rate)
+            worker.due += 1  # what it has on the wheel is superseded
+            worker.next_at = asyncio.get_running_loop().time()
+            self._due((worker, -worker.due))
+        return True
+
+    def _check_traffic(self) -> None:
+        """While endpoints are backed off: the ones the EPP has requests on, polled at once."""
+        self._traffic_timer = None
+        if not self._running:
+            return
+        try:
+            for worker in [w for w in self._backed_off if w.endpoint.inflight_requests > 0]:
+                self.hurry(worker.endpoint.address)
+            if self.traffic is not None:
+                for address in self.traffic():
+                    self.hurry(address)
+        except Exception:  # a failing hook must not stop the checks
+            log.exception("checking the traffic of backed-off endpoints failed")
+        if self._backed_off:
+            self._traffic_timer = asyncio.get_running_loop().call_later(self.interval / 5, self._check_traffic)
 
     def _check_engine(self, worker: _Worker) -> None:
         engine = self.extractor.engine_of(worker.endpoint)
@@ -352,7 +417,7 @@ class MetricsScraper:
         stats.errors += 1
         stats.consecutive_errors += 1
         stats.last_error = message
-        stats.interval = self.interval
+        self._full_rate(worker)
         worker.quiet = 0
         worker.endpoint.scrape_error = message
         kind = _kind(exc)

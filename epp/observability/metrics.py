@@ -167,7 +167,8 @@ class ScrapeCollector(Collector):
         interval = GaugeMetricFamily(
             "inference_pool_endpoint_scrape_interval_seconds",
             "Seconds between the endpoint's metrics polls now: the configured interval, or up to a few times it "
-            "while its metrics do not move (back-off; the first change or failure returns it to the interval).",
+            "while its metrics do not move (back-off; the first change, a failure, or a request the EPP sends it "
+            "returns it to the interval).",
             labels=["name", "endpoint", "model_server_pod"])
         source = self.source
         if source is not None:

@@ -5,7 +5,9 @@ over its own discovery of the pool) and every member reads its board instead of 
 itself: one scrape per pod per interval, whatever the number of workers. A member matches slots
 to its own endpoints by address (the board names each slot's endpoint; a slot reused for another
 endpoint names that one), and copies what changed into them — before each pick (the ext_proc
-server's `refresh`) and on a short timer, as the scraper process's own owner does.
+server's `refresh`) and on a short timer, as the scraper process's own owner does; and, as it
+does, marks on the board the backed-off endpoints this member has requests in flight on, for the
+scraper to poll them at the full rate again (`TrafficWatch`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from epp.datalayer.board import MetricsBoard
+from epp.datalayer.board import MetricsBoard, TrafficWatch
 from epp.datalayer.scraper import ScrapeStats
 from epp.datastore import Datastore, Endpoint
 
@@ -30,6 +32,7 @@ class BoardReader:
         self.board: MetricsBoard | None = None
         self._seen: list[int] = []
         self._addresses: dict[int, str] = {}  # slot -> the endpoint it last named
+        self._watch = TrafficWatch()
         self._timer: asyncio.TimerHandle | None = None
         self.running = False
 
@@ -68,6 +71,7 @@ class BoardReader:
         board = self.board
         if board is None:
             return 0
+        self._watch.check(board)
         versions = board.versions(board.slots)
         seen = self._seen
         if versions == seen:
@@ -85,11 +89,13 @@ class BoardReader:
             self._addresses[slot] = state.address
             endpoint = self.datastore.get(state.address)
             if endpoint is None:
+                self._watch.forget(slot)
                 continue
             if state.metrics.update_time != endpoint.metrics.update_time:
                 endpoint.update_metrics(state.metrics)
             endpoint.metrics_valid = state.valid
             endpoint.scrape_error = state.error
+            self._watch.saw(board, slot, state, endpoint)
             applied += 1
         return applied
 

@@ -320,24 +320,52 @@ def _full(metrics: EndpointMetrics | None) -> tuple[object, ...] | None:
     return None if metrics is None else (metrics, metrics.itl_sum, metrics.itl_count, metrics.update_time)
 
 
-def test_a_remembered_page_whose_numbers_moved_extracts_as_a_fresh_one() -> None:
-    """The page memory's shortcut (only numbers moved: read only them again) gives what a full
+@pytest.mark.parametrize("asked", [False, True], ids=["whole page", "series asked for"])
+def test_a_remembered_page_whose_numbers_moved_extracts_as_a_fresh_one(asked: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page memory's shortcuts (the same page again; only numbers moved: read only them
+    again, by the page's template when it is small, as a `?name[]=` page is) give what a full
     extraction gives, poll after poll, whatever the pod does to its page: values in and out of
-    bounds, counters that go backwards, timestamps, a new cache config, LoRA appearing and
-    changing, the model renamed, a second engine."""
+    bounds or not numbers, counters that go backwards, timestamps, a new cache config, LoRA
+    appearing and changing, the model renamed, a second engine, the same page twice."""
     import random
+    from urllib.parse import parse_qs
 
+    from epp.datalayer import extract
     from epp.datalayer.promparse import PageMemory
+    from epp.sim.exposition import restrict
 
+    parses = [0]
+    parse_wanted = extract.parse_wanted
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        parses[0] += 1
+        return parse_wanted(*args, **kwargs)
+
+    monkeypatch.setattr(extract, "parse_wanted", counted)
     rng = random.Random(3)
     base = fixture_body("busy")
+    if asked:
+        base = restrict(base, set(parse_qs(VLLM.query)["name[]"]))
+        assert len(base) < 4096
     lora = (b'# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{max_lora="4",'
             b'running_lora_adapters="a1",waiting_lora_adapters=""} 1.9e9\n')
     memory = PageMemory(recheck_absent=0)
     remembered = fresh = EMPTY_METRICS
     itl_count, itl_sum = 3468.0, 12.5
-    shortcuts = 0
+    shortcuts = unparsed = 0
+    page = base
     for poll in range(600):
+        if rng.random() < 0.05:  # the same page again
+            now = 1.0 + poll
+            before = parses[0]
+            a = extract_metrics(VLLM, page, remembered, now, memory)
+            b = extract_metrics(VLLM, page, fresh, now)
+            unparsed += parses[0] == before + 1
+            assert (_full(a.metrics), a.problems, a.invalid) == (_full(b.metrics), b.problems, b.invalid), poll
+            remembered = a.metrics or remembered
+            fresh = b.metrics or fresh
+            continue
         page = base
         running = rng.choice((0, 1, 4, 7, 300, -1, float("nan"))) if rng.random() < 0.1 else rng.randrange(8)
         kv = rng.choice((1.5, -0.1, float("inf"))) if rng.random() < 0.05 else rng.random()
@@ -347,8 +375,9 @@ def test_a_remembered_page_whose_numbers_moved_extracts_as_a_fresh_one() -> None
             itl_count, itl_sum = itl_count + rng.randrange(3), itl_sum + rng.random()
         page = page.replace(b'num_requests_running{engine="0",model_name="tiny"} 4.0',
                             b'num_requests_running{engine="0",model_name="tiny"} ' + repr(float(running)).encode())
+        kv_text = repr(kv).encode() if rng.random() > 0.01 else rng.choice((b"x1", b"1..0", b"0x1"))
         page = page.replace(b'kv_cache_usage_perc{engine="0",model_name="tiny"} 0.2222222222222222',
-                            b'kv_cache_usage_perc{engine="0",model_name="tiny"} ' + repr(kv).encode())
+                            b'kv_cache_usage_perc{engine="0",model_name="tiny"} ' + kv_text)
         page = page.replace(b'seconds_count{engine="0",model_name="tiny"} 3468.0',
                             b'seconds_count{engine="0",model_name="tiny"} ' + repr(itl_count).encode())
         page = page.replace(b'seconds_sum{engine="0",model_name="tiny"} 12.688387210999508',
@@ -369,10 +398,19 @@ def test_a_remembered_page_whose_numbers_moved_extracts_as_a_fresh_one() -> None
                                 b'vllm:num_requests_running{engine="1",model_name="tiny"} 3\n'
                                 b'vllm:num_requests_running{engine="0",model_name="tiny"}')
         now = 1.0 + poll
-        a = extract_metrics(VLLM, page, remembered, now, memory)
+        before = parses[0]
+        try:
+            a = extract_metrics(VLLM, page, remembered, now, memory)
+        except MetricsParseError as exc:
+            with pytest.raises(MetricsParseError, match=str(exc)):
+                extract_metrics(VLLM, page, fresh, now)
+            continue
         b = extract_metrics(VLLM, page, fresh, now)
         shortcuts += memory.same_labels and not memory.unchanged
+        unparsed += parses[0] == before + 1
         assert (_full(a.metrics), a.problems, a.invalid) == (_full(b.metrics), b.problems, b.invalid), poll
         remembered = a.metrics or remembered
         fresh = b.metrics or fresh
     assert shortcuts > 200
+    # Pages read without being parsed: the same page again; and when small, a template match.
+    assert unparsed > (100 if asked else 10), unparsed

@@ -214,3 +214,48 @@ async def test_the_child_says_when_the_board_changed(servers: list[FakeModelServ
         await wait_until(lambda: ep.metrics.update_time > before, "a later scrape (the ITL counters moved)")
     finally:
         await scraper.stop()
+
+
+async def test_a_backed_off_pod_is_polled_at_the_full_rate_once_the_epp_sends_it_requests() -> None:
+    """An idle simulated vLLM pod (its `?name[]=` page does not move) backs off in the child, and
+    the board says so; a request in flight on it — in this process, or in a request-path worker
+    reading the board (`BoardReader`) — brings it back to the full rate."""
+    from epp.scale.board_reader import BoardReader
+    from epp.sim.server import start_pods, stop_pods
+
+    pods = await start_pods(1)
+    datastore = Datastore()
+    scraper = ScraperProcess(datastore, interval=INTERVAL, max_interval=8 * INTERVAL, timeout=0.5, slots=8)
+    await scraper.start()
+    member = Datastore()
+    reader = BoardReader(member, "")
+    try:
+        spec = EndpointSpec("pod-0", "127.0.0.1", pods[0].port)
+        ep = datastore.upsert(spec)
+
+        def interval() -> float:
+            stats = scraper.stats(ep.address)
+            return stats.interval if stats is not None else 0.0
+
+        await wait_until(lambda: interval() == 8 * INTERVAL, "backed off in the child")
+        assert ep.metrics.update_time > 0 and ep.metrics_valid and ep.scrape_error == ""
+        assert ep.metrics.cache_num_blocks > 0  # read from the pod's page
+        board = scraper.board
+        assert board is not None and board.interval == INTERVAL
+        state = board.read_state(0)
+        assert state is not None and state.address == ep.address and state.interval == 8 * INTERVAL
+        ep.inflight_requests = 1  # what the director books at a pick
+        await wait_until(lambda: interval() == INTERVAL, "the full rate again")
+        ep.inflight_requests = 0
+        await wait_until(lambda: interval() == 8 * INTERVAL, "backed off again")
+
+        reader.board_name = board.name
+        await reader.start()
+        theirs = member.upsert(spec)
+        await wait_until(lambda: theirs.metrics.update_time > 0, "the member reads the board")
+        theirs.inflight_requests = 1
+        await wait_until(lambda: interval() == INTERVAL, "the full rate again, told by the member")
+    finally:
+        await reader.stop()
+        await scraper.stop()
+        await stop_pods(pods)

@@ -534,3 +534,56 @@ async def test_an_engine_without_the_series_query_asks_for_the_whole_page(server
         assert set(server.queries) == {""}
     finally:
         await sc.stop()
+
+
+async def test_an_idle_pod_is_polled_less_often_until_the_epp_sends_it_requests(
+        servers: Servers, caplog: pytest.LogCaptureFixture) -> None:
+    """A pod whose page does not move backs off to `max_interval` (its stats say so; logged once);
+    as soon as the EPP has a request in flight on it, it is polled at the full rate again, for as
+    long as the request is there; then it backs off again (not logged again)."""
+    caplog.set_level(logging.INFO, logger="epp.datalayer")
+    server = await new_server(servers)
+    server.body = IDLE
+    datastore = Datastore()
+    ep = datastore.upsert(server.spec("pod-a"))
+    sc = MetricsScraper(datastore, interval=INTERVAL, max_interval=8 * INTERVAL)
+    await sc.start()
+    try:
+        stats = sc.stats(ep.address)
+        assert stats is not None
+        await wait_until(lambda: stats.interval == 8 * INTERVAL, "backed off to max_interval")
+        told = [r for r in caplog.records if "less often" in r.getMessage()]
+        assert len(told) == 1 and "pod-a" in told[0].getMessage()
+        ep.inflight_requests = 1  # what the director books at a pick
+        await wait_until(lambda: stats.interval == INTERVAL, "the full rate again")
+        polls = stats.scrapes
+        await wait_until(lambda: stats.scrapes >= polls + 6, "polls while the request is in flight")
+        assert stats.interval < 8 * INTERVAL  # never backed off far while it is there
+        ep.inflight_requests = 0
+        await wait_until(lambda: stats.interval == 8 * INTERVAL, "backed off again")
+        assert len([r for r in caplog.records if "less often" in r.getMessage()]) == 1
+        assert ep.scrape_error == "" and stats.errors == 0
+    finally:
+        await sc.stop()
+
+
+async def test_a_backed_off_pod_that_moves_or_fails_is_polled_at_the_full_rate(servers: Servers) -> None:
+    server = await new_server(servers)
+    server.body = IDLE
+    datastore = Datastore()
+    ep = datastore.upsert(server.spec("pod-a"))
+    sc = MetricsScraper(datastore, interval=INTERVAL, max_interval=8 * INTERVAL, timeout=0.5)
+    await sc.start()
+    try:
+        stats = sc.stats(ep.address)
+        assert stats is not None
+        await wait_until(lambda: stats.interval == 8 * INTERVAL, "backed off")
+        server.body = BUSY
+        await wait_until(lambda: ep.metrics.running_requests == 4, "the new values")
+        assert stats.interval == INTERVAL
+        await wait_until(lambda: stats.interval == 8 * INTERVAL, "backed off on the busy page")
+        server.mode = "error"
+        await wait_until(lambda: ep.scrape_error.startswith("HTTP 500"), "the failure")
+        assert stats.interval == INTERVAL
+    finally:
+        await sc.stop()
