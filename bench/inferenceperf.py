@@ -1,7 +1,8 @@
 """Drive `inference-perf` (the Gateway API Inference Extension's load generator) against an arm.
 
 inference-perf needs Python >= 3.12 and a tokenizer; `make bench-deps` makes a 3.12 venv in
-`.venv-bench312/` and saves a local WordLevel tokenizer there (`bench/tokenizer.py`), and runs set
+`.venv-bench312/` and saves a local WordLevel tokenizer there (`bench/tokenizer.py`: the pods'
+single-token words, so prompt lengths are in the pods' tokens), and runs set
 HF_HUB_OFFLINE=1, so nothing is fetched at run time. One invocation runs every rate of an arm as
 consecutive stages (Poisson arrivals, random prompts with lognormal lengths); its per-stage
 reports give TTFT, ITL and throughput, and each stage's time window (from the per-request
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -34,10 +36,9 @@ def executable() -> Path | None:
 
 def tokenizer_dir() -> Path:
     """The local tokenizer, saved on first use if `make bench-deps` has not done it."""
-    directory = VENV / "tokenizer"
+    directory = VENV / "pod-words-tokenizer"
     if not (directory / "tokenizer.json").exists():
-        subprocess.run([str(VENV / "bin" / "python"), "-m", "bench.tokenizer", str(directory)], check=True,
-                       cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1"),
+        subprocess.run([sys.executable, "-m", "bench.tokenizer", str(directory)], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return directory
 

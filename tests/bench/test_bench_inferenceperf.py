@@ -36,3 +36,27 @@ def test_config_is_offline_and_one_stage_per_rate(tmp_path: Path, monkeypatch) -
     assert "huggingface" not in text
     assert [s["rate"] for s in cfg["load"]["stages"]] == [1.0, 2.0]  # type: ignore[index]
     assert cfg["tokenizer"]["pretrained_model_name_or_path"] == str(tmp_path / "tok")  # type: ignore[index]
+
+
+def test_tokenizer_prompts_weigh_their_nominal_tokens_on_the_pods(tmp_path: Path) -> None:
+    """inference-perf decodes random ids of its tokenizer into a prompt of that many tokens: the
+    simulated pods must count the same (plus the BOS a completion gets), or every prompt costs
+    them more prefill than the scenario says."""
+    import random
+
+    from tokenizers import Tokenizer
+
+    from bench import tokenizer
+    from epp.sim.tokens import load_tokenizer
+
+    tokenizer.build(str(tmp_path))
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    ours = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    special = {ours.token_to_id(t) for t in tokenizer.SPECIALS.values()}
+    ids = [i for i in range(ours.get_vocab_size()) if i not in special]
+    pods = load_tokenizer()
+    rng = random.Random(4)
+    for n in (32, 800, 3000):
+        text = ours.decode(rng.choices(ids, k=n))
+        assert len(ours.encode(text).ids) == n
+        assert n + 1 <= len(pods.encode(text)) <= n + 2  # BOS, and the first word may lack its space
