@@ -50,8 +50,7 @@ def tokenizer_dir() -> Path:
 
 
 DESCRIPTION = ("inference-perf `random` data: independent prompts with lognormal lengths (mean 800 tokens, 32–6000) "
-               "and outputs (mean 80, 8–768), streamed completions, Poisson arrivals, replayed from a seeded trace "
-               "(the same requests at the same times for every arm)")
+               "and outputs (mean 80, 8–768), streamed completions, Poisson arrivals")
 PROMPT = (32, 6000, 800, 1.05)  # min, max, mean, coefficient of variation (lognormal)
 OUTPUT = (8, 768, 80, 0.9)
 TRACE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
