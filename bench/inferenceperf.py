@@ -55,9 +55,10 @@ PROMPT = (32, 6000, 800, 1.05)  # min, max, mean, coefficient of variation (logn
 OUTPUT = (8, 768, 80, 0.9)
 TRACE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 _EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
-# inference-perf's own `poisson` timer draws from an unseeded generator (and spaces each second's
-# Poisson count evenly): every arm got other arrivals, and past capacity a stage that happened to
-# arrive 15% faster queued twice as much. A trace replays the same arrivals for every arm.
+# inference-perf's own `poisson` timer draws from an unseeded generator (a Poisson count per
+# second, spread over that second) and sends a stage's fixed count of requests: every arm got
+# other arrivals, and past capacity a stage that happened to arrive 15% faster queued about twice
+# as much. A trace replays the same arrivals for every arm.
 
 
 @dataclass(slots=True)
