@@ -55,7 +55,7 @@ bench-deps: install
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	@test -x $(BENCH_VENV)/bin/inference-perf || { test -n "$(PY312)" || { echo "bench-deps: no Python 3.12 found (set PY312=...)" >&2; exit 1; }; \
 		$(PY312) -m venv $(BENCH_VENV) && $(BENCH_VENV)/bin/pip install --quiet inference-perf; }
-	PYTHONPATH=. HF_HUB_OFFLINE=1 $(BENCH_VENV)/bin/python -m bench.tokenizer $(BENCH_VENV)/tokenizer
+	$(BIN)/python -m bench.tokenizer $(BENCH_VENV)/pod-words-tokenizer
 
 bench: bench-deps
 	$(BIN)/python -m bench.overhead

@@ -1,26 +1,34 @@
 """Drive `inference-perf` (the Gateway API Inference Extension's load generator) against an arm.
 
 inference-perf needs Python >= 3.12 and a tokenizer; `make bench-deps` makes a 3.12 venv in
-`.venv-bench312/` and saves a local WordLevel tokenizer there (`bench/tokenizer.py`), and runs set
-HF_HUB_OFFLINE=1, so nothing is fetched at run time. One invocation runs every rate of an arm as
-consecutive stages (Poisson arrivals, random prompts with lognormal lengths); its per-stage
-reports give TTFT, ITL and throughput, and each stage's time window (from the per-request
-records, on the same monotonic clock as ours) lines it up with our pod samples.
+`.venv-bench312/` and saves a local WordLevel tokenizer there (`bench/tokenizer.py`: the pods'
+single-token words, so prompt lengths are in the pods' tokens), and runs set
+HF_HUB_OFFLINE=1, so nothing is fetched at run time. The rates of an arm run in turn, one
+invocation each, replaying a trace this module writes from a seed (Poisson arrivals, lognormal
+prompt and output lengths: the same requests at the same moments for every arm; inference-perf
+writes their text, from its own seed); its per-stage report gives TTFT, ITL and throughput, and
+the stage's time window (from the per-request records, on the same monotonic clock as ours)
+lines it up with our pod samples.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import yaml
 
 from bench.common import LOGS, MODEL, REPO, log, start_process, stop_process
+from bench.workloads import lognormal_int, poisson_times
 
 VENV = Path(os.environ.get("BENCH_VENV312", REPO / ".venv-bench312"))
 # Set by the caller when the benchmark is interrupted: `run` (in a worker thread) then stops at once.
@@ -34,16 +42,23 @@ def executable() -> Path | None:
 
 def tokenizer_dir() -> Path:
     """The local tokenizer, saved on first use if `make bench-deps` has not done it."""
-    directory = VENV / "tokenizer"
+    directory = VENV / "pod-words-tokenizer"
     if not (directory / "tokenizer.json").exists():
-        subprocess.run([str(VENV / "bin" / "python"), "-m", "bench.tokenizer", str(directory)], check=True,
-                       cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1"),
+        subprocess.run([sys.executable, "-m", "bench.tokenizer", str(directory)], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return directory
 
 
 DESCRIPTION = ("inference-perf `random` data: independent prompts with lognormal lengths (mean 800 tokens, 32–6000) "
                "and outputs (mean 80, 8–768), streamed completions, Poisson arrivals")
+PROMPT = (32, 6000, 800, 1.05)  # min, max, mean, coefficient of variation (lognormal)
+OUTPUT = (8, 768, 80, 0.9)
+TRACE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+_EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+# inference-perf's own `poisson` timer draws from an unseeded generator (a Poisson count per
+# second, spread over that second) and sends a stage's fixed count of requests: every arm got
+# other arrivals, and past capacity a stage that happened to arrive 15% faster queued about twice
+# as much. A trace replays the same arrivals for every arm.
 
 
 @dataclass(slots=True)
@@ -59,20 +74,35 @@ class Stage:
     e2e_mean: float  # seconds, over the stage's requests
 
 
-def config(url: str, rates: list[float], duration: float, out_dir: Path, seed: int,
-           mean_prompt: int = 800, mean_output: int = 80) -> dict[str, object]:
-    # Same shape as bench.workloads.balance: lognormal prompt and output lengths.
+def _lognormal(rng: random.Random, shape: tuple[int, int, int, float]) -> int:
+    lo, hi, mean, cv = shape
+    return lognormal_int(rng, mean, math.sqrt(math.log(1.0 + cv * cv)), lo, hi)
+
+
+def trace(rate: float, duration: float, seed: int) -> list[tuple[float, int, int]]:
+    """One stage's requests: (seconds from its start, prompt tokens, output tokens), Poisson
+    arrivals at `rate`, lognormal lengths; the same for the same arguments."""
+    rng = random.Random(f"balance-trace {seed} {rate:g} {duration:g}")
+    return [(at, _lognormal(rng, PROMPT), _lognormal(rng, OUTPUT)) for at in poisson_times(rng, rate, duration)]
+
+
+def write_trace(path: Path, rows: list[tuple[float, int, int]]) -> None:
+    """The Azure public dataset's CSV layout, which inference-perf's `trace_replay` reads."""
+    lines = [TRACE_HEADER] + [f"{(_EPOCH + timedelta(seconds=at)).strftime('%Y-%m-%d %H:%M:%S.%f')},{p},{o}"
+                              for at, p, o in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def config(url: str, trace_file: Path, duration: float, out_dir: Path, seed: int) -> dict[str, object]:
+    """One stage that replays `trace_file` (arrival times and lengths); `seed` draws the text."""
+    replay = {"file": str(trace_file), "format": "AzurePublicDataset"}
     return {
         "api": {"type": "completion", "streaming": True},
-        "data": {
-            "type": "random",
-            "input_distribution": {"min": 32, "max": 6000, "mean": mean_prompt, "std_dev": mean_prompt * 1.05,
-                                   "total_count": 5000, "type": "lognormal"},
-            "output_distribution": {"min": 8, "max": 768, "mean": mean_output, "std_dev": mean_output * 0.9,
-                                    "total_count": 5000, "type": "lognormal"},
-        },
-        "load": {"type": "poisson", "stages": [{"rate": r, "duration": int(duration)} for r in rates],
-                 "num_workers": 1, "base_seed": seed, "interval": 1.0,
+        "data": {"type": "random", "trace": replay},
+        # An open loop: the worker never holds a request back for lack of a concurrency slot
+        # (its default, 100 in flight, is reached past capacity, which would hide the queue).
+        "load": {"type": "trace_replay", "trace": replay, "stages": [{"rate": 1, "duration": int(duration)}],
+                 "num_workers": 1, "worker_max_concurrency": 5000, "base_seed": seed, "interval": 1.0,
                  "stage_teardown_grace_seconds": max(10.0, duration)},
         "server": {"type": "vllm", "model_name": MODEL, "base_url": url, "ignore_eos": True},
         "tokenizer": {"pretrained_model_name_or_path": str(tokenizer_dir())},
@@ -85,6 +115,7 @@ def config(url: str, rates: list[float], duration: float, out_dir: Path, seed: i
 
 
 def run(url: str, rates: list[float], duration: float, tag: str, seed: int = 2) -> list[Stage]:
+    """Every rate in turn, one inference-perf run each (a trace holds one stage)."""
     exe = executable()
     if exe is None:
         raise FileNotFoundError(f"inference-perf not found in {VENV} (make bench-deps)")
@@ -93,15 +124,31 @@ def run(url: str, rates: list[float], duration: float, tag: str, seed: int = 2) 
         for f in work.rglob("*"):
             if f.is_file():
                 f.unlink()
-    work.mkdir(parents=True, exist_ok=True)
-    cfg_path = work / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(config(url, rates, duration, work / "out", seed)))
-    proc = start_process([str(exe), "-c", str(cfg_path), "--log-level", "INFO"], f"{tag}-inference-perf",
+    stages = []
+    for i, rate in enumerate(rates):
+        stage_dir = work / f"stage-{i}"
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        rows = trace(rate, duration, seed)
+        write_trace(stage_dir / "trace.csv", rows)
+        text_seed = seed * 1000 + i  # another text per stage, so no stage's prompts share a prefix
+        cfg_path = stage_dir / "config.yaml"
+        cfg_path.write_text(yaml.safe_dump(config(url, stage_dir / "trace.csv", duration, stage_dir / "out",
+                                                  text_seed)))
+        _invoke(exe, cfg_path, f"{tag}-inference-perf-{i}", duration)
+        stage = parse(stage_dir / "out", [rate])[0]
+        if stage.count != len(rows):
+            raise RuntimeError(f"inference-perf sent {stage.count} of the trace's {len(rows)} requests")
+        stages.append(stage)
+    return stages
+
+
+def _invoke(exe: Path, cfg_path: Path, log_name: str, duration: float) -> None:
+    proc = start_process([str(exe), "-c", str(cfg_path), "--log-level", "INFO"], log_name,
                          env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": ""})
-    log_file = LOGS / f"{tag}-inference-perf.log"
+    log_file = LOGS / f"{log_name}.log"
     seen = 0
     try:
-        deadline = time.monotonic() + len(rates) * (2 * duration + 20) + 60
+        deadline = time.monotonic() + 2 * duration + 80
         while proc.poll() is None:
             if CANCEL.is_set():
                 raise RuntimeError("interrupted")
@@ -116,7 +163,6 @@ def run(url: str, rates: list[float], duration: float, tag: str, seed: int = 2) 
             raise RuntimeError(f"inference-perf exited with {proc.returncode}; see {log_file}")
     finally:
         stop_process(proc)
-    return parse(work / "out", rates)
 
 
 def _triplet(d: dict[str, float]) -> tuple[float, float, float]:

@@ -120,7 +120,7 @@ async def own_point(sc: Scenario, a: Arm, rate: float, seed: int) -> Point:
 
 
 async def inference_perf_arm(sc: Scenario, a: Arm, rates: list[float], seed: int) -> list[Point]:
-    """One arm at every rate, as consecutive stages of one inference-perf run, on fresh pods."""
+    """One arm at every rate in turn (one inference-perf run each), on the same fresh pods."""
     tag = f"{sc.name}-{a.name}"
     points = []
     with Pods(sc.pods, tag) as pods:
@@ -204,9 +204,12 @@ def report(sc: Scenario, arms: list[Arm], points: list[Point], skipped: list[str
                 f"{sc.warmup:g} s warm the caches and are not counted; stragglers get {sc.drain:g} s to finish. "
                 "Client: `bench/client.py` (aiohttp, streaming; TTFT = first SSE event with text)."
                 if sc.loadgen == "own" else
-                "load generator: **inference-perf** (one run per arm, one stage per rate; its per-stage report "
-                "gives TTFT/ITL/throughput)."),
-             "- Every point starts fresh pods (cold prefix cache) and a fresh router; arms alternate at each rate.",
+                "load generator: **inference-perf**, replaying a seeded trace (the same requests at the same "
+                "moments for every arm), one run per rate; its per-stage report gives TTFT/ITL/throughput."),
+             "- Every point starts fresh pods (cold prefix cache) and a fresh router; arms alternate at each rate."
+             if sc.loadgen == "own" else
+             "- Every arm starts fresh pods (cold prefix cache) and a fresh router, then runs the rates in turn; "
+             "arms take turns.",
              "- Hit rate = Δ`vllm:prefix_cache_hits_total` / Δ`vllm:prefix_cache_queries_total` summed over the "
              "pods; share = each pod's Δ`vllm:request_success_total`.",
              "- `clock` = the client's mean end-to-end time ÷ (time scale × the pods' own mean e2e, in modelled "

@@ -23,8 +23,8 @@ from string import ascii_lowercase
 
 from epp.sim.tokens import DEFAULT_TOKENIZER, load_tokenizer
 
-# 3-letter words (4 characters with a space): the vocabulary of bench/tokenizer.py's WordLevel
-# tokenizer (inference-perf's) and of the cost benchmarks' prompts, where characters count.
+# 3-letter words (4 characters with a space): the vocabulary of the cost benchmarks' prompts,
+# where characters count (each is ~2.3 tokens for the pods' BPE, so not for sizes in tokens).
 WORDS: tuple[str, ...] = tuple("".join(p) for p in product(ascii_lowercase, repeat=3))[:4000]
 CHAT = "/v1/chat/completions"
 COMPLETION = "/v1/completions"
@@ -53,6 +53,12 @@ class Workload:
 def _vocab() -> tuple[str, ...]:
     """Words of one token each (with their leading space) for the pods' default tokenizer."""
     return load_tokenizer(DEFAULT_TOKENIZER).output_vocab
+
+
+def pod_words() -> tuple[str, ...]:
+    """The single-token words without their leading space (the vocabulary of inference-perf's
+    tokenizer, `bench/tokenizer.py`: its decoder puts the spaces back)."""
+    return tuple(w.strip() for w in _vocab())
 
 
 def words(rng: random.Random, n: int) -> str:
