@@ -111,6 +111,7 @@ class EndpointLoad:
     # (its utilisation), both exponential averages over RATE_WINDOW as of `rates_at`.
     pick_rate: float = 0.0
     work_rate: float = 0.0
+    prefill_rate: float = 0.0  # the prefill part of that work (what holds up the prefills behind it)
     rates_at: float = 0.0
     # Monotone counters and integrals (for the mean batch over a request's decode).
     prefill_total: int = 0  # prefill tokens ever sent
@@ -119,13 +120,15 @@ class EndpointLoad:
 
     # -- writes (request control) --
 
-    def add(self, item: Outstanding, now: float, work_seconds: float = 0.0) -> None:
+    def add(self, item: Outstanding, now: float, work_seconds: float = 0.0, prefill_seconds: float = 0.0) -> None:
         """A pick: `item` joins the end of the prefill queue (its `predicted_ttft` set);
-        `work_seconds`: the pod time it will cost (its prefill and its share of decode steps)."""
+        `work_seconds`: the pod time it will cost (its prefill and its share of decode steps),
+        `prefill_seconds` of it its prefill."""
         self.settle(now)
         decay = self._decay(now)
         self.pick_rate = self.pick_rate * decay + 1.0 / RATE_WINDOW
         self.work_rate = self.work_rate * decay + work_seconds / RATE_WINDOW
+        self.prefill_rate = self.prefill_rate * decay + prefill_seconds / RATE_WINDOW
         self.rates_at = now
         tail = self.pending[-1].expected_done if self.pending else now
         item.started = max(now, tail)
@@ -227,6 +230,11 @@ class EndpointLoad:
     def utilization_at(self, now: float) -> float:
         """Pod-seconds of work per second lately sent here (the share of the pod it keeps busy)."""
         return self.work_rate * self._decay(now) if self.work_rate > 0.0 else 0.0
+
+    def prefill_utilization_at(self, now: float) -> float:
+        """Pod-seconds of prefill per second lately sent here: how busy the FCFS prefill queue is
+        (decode steps run beside a prefill chunk; they do not hold the next prefill up)."""
+        return self.prefill_rate * self._decay(now) if self.prefill_rate > 0.0 else 0.0
 
     def late_prefill(self, now: float) -> int:
         """Prefill tokens of requests well past their expected first token and still without it

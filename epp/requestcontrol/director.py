@@ -257,7 +257,10 @@ class Director:
             estimate = service.ttft(load.backlog_at(now) + item.prefill_tokens, item.attention_pairs,
                                     load.decoding, load.context_tokens)
             item.predicted_ttft = estimate.seconds
-        load.add(item, now, prediction.work_seconds if prediction is not None else 0.0)
+        if prediction is not None:
+            load.add(item, now, prediction.work_seconds, prediction.prefill_work_seconds)
+        else:
+            load.add(item, now)
         return item
 
     def _body(self, request: InferenceRequest, endpoint: Endpoint) -> bytes | None:

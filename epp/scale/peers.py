@@ -131,6 +131,7 @@ class SharedLoad:
                 peers[i] += row[i]
             peers[t.PICK_RATE] += row[t.PICK_RATE] * decay  # rates, as of now
             peers[t.WORK_RATE] += row[t.WORK_RATE] * decay
+            peers[t.PREFILL_RATE] += row[t.PREFILL_RATE] * decay
             if row[t.OBSERVATIONS] > 0:
                 fits.append((row[t.STEP_SCALE], row[t.PREFILL_SCALE], row[t.OBSERVATIONS]))
         tracked.peer_fits = fits
@@ -149,9 +150,10 @@ class SharedLoad:
         load.decode_output += round(delta[t.DECODE_OUTPUT])
         # Rates: bring own and folded parts to `now`, then swap the folded part for the new one.
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
-        pick, work = load.rate_at(now), load.utilization_at(now)
+        pick, work, prefill = load.rate_at(now), load.utilization_at(now), load.prefill_utilization_at(now)
         load.pick_rate = max(0.0, pick - folded[t.PICK_RATE] * old + peers[t.PICK_RATE])
         load.work_rate = max(0.0, work - folded[t.WORK_RATE] * old + peers[t.WORK_RATE])
+        load.prefill_rate = max(0.0, prefill - folded[t.PREFILL_RATE] * old + peers[t.PREFILL_RATE])
         load.rates_at = now
         for i in _INT_FIELDS:
             peers[i] = folded[i] + round(delta[i])
@@ -217,6 +219,7 @@ class SharedLoad:
             load.decode_output - f[t.DECODE_OUTPUT],
             max(0.0, load.rate_at(now) - f[t.PICK_RATE] * old),
             max(0.0, load.utilization_at(now) - f[t.WORK_RATE] * old),
+            max(0.0, load.prefill_utilization_at(now) - f[t.PREFILL_RATE] * old),
             now,
             tracked.own_fit[0], tracked.own_fit[1], tracked.own_observations,
         ))

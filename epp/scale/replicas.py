@@ -47,7 +47,7 @@ log = logging.getLogger("epp.scale.replicas")
 
 # What a replica shares per endpoint: the table's sums up to the rates (no service-model fit: each
 # replica learns its pods from its own traffic).
-_SHARED = t.RATES_AT  # fields [0, RATES_AT) ; the two rates are sent as of the moment of sending
+_SHARED = t.RATES_AT  # fields [0, RATES_AT) ; the three rates are sent as of the moment of sending
 _MAX_MESSAGE = 256 << 10
 _SLOTS_PERIOD = 0.25  # seconds between two reads of the table's endpoint names
 
@@ -224,6 +224,7 @@ class ReplicaLink:
                     decay = math.exp(-max(0.0, now - row[t.RATES_AT]) / RATE_WINDOW)
                     total[t.PICK_RATE] += row[t.PICK_RATE] * decay
                     total[t.WORK_RATE] += row[t.WORK_RATE] * decay
+                    total[t.PREFILL_RATE] += row[t.PREFILL_RATE] * decay
             if full or total != self._sent.get(address):
                 out[address] = total
                 self._sent[address] = total
@@ -321,6 +322,7 @@ class ReplicaLink:
                     total[i] += values[i]
                 total[t.PICK_RATE] += values[t.PICK_RATE] * decay
                 total[t.WORK_RATE] += values[t.WORK_RATE] * decay
+                total[t.PREFILL_RATE] += values[t.PREFILL_RATE] * decay
             total[t.RATES_AT] = now
             slot = self._slots.get(address)
             if slot is None:

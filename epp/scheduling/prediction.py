@@ -30,6 +30,7 @@ class Prediction:
     prefill_feature: float = 0.0
     prefix_source: str = ""  # which producer gave the cache credit ("" when none)
     work_seconds: float = 0.0  # pod time the request costs: its prefill and its share of decode steps
+    prefill_work_seconds: float = 0.0  # of `work_seconds`, its own prefill
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""

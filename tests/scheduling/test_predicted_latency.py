@@ -178,3 +178,26 @@ def test_the_prediction_error_and_slo_outcomes_are_reported() -> None:
     ep = next(e for e in store.endpoints() if e.service.observations)
     assert ep.service.observations >= 1
     assert all(e.load.requests == 0 and e.inflight_requests == 0 for e in store.endpoints())
+
+
+def test_a_prefill_is_charged_for_the_prefills_it_holds_up_not_for_the_decodes_beside_it() -> None:
+    """A long prompt's prefill delays the prefills queued behind it (FCFS), and more so on a pod
+    whose prefill is busy; decode steps run beside each prefill chunk, so a pod kept busy by
+    decodes does not make that prefill hold anyone up longer. The first version amplified the
+    prefill by the pod's whole utilisation: on long-document traffic a cold prompt looked dearer
+    on a decode-busy pod than it was, and hot prefixes stayed on too few pods."""
+    store = pool()
+    decode_busy, prefill_busy = store.endpoints()[1], store.endpoints()[2]
+    # The same pod-seconds of work lately sent to each (rates at 100.0, no decay): all decode on
+    # one, mostly prefill on the other.
+    decode_busy.load.add(Outstanding(100, 0, 100, 100.0), 100.0, work_seconds=8.0, prefill_seconds=0.0)
+    prefill_busy.load.add(Outstanding(100, 0, 100, 100.0), 100.0, work_seconds=8.0, prefill_seconds=7.0)
+    assert decode_busy.load.utilization_at(100.0) == prefill_busy.load.utilization_at(100.0) == pytest.approx(0.8)
+    assert prefill_busy.load.prefill_utilization_at(100.0) == pytest.approx(0.7)
+    assert decode_busy.load.prefill_utilization_at(100.0) == 0.0
+    p = predictions(store, request("x" * 40_000, max_tokens=1))  # ~10k uncached tokens, one output token
+    idle = p["10.0.0.1:8000"]
+    on_decodes, on_prefills = p["10.0.0.2:8000"], p["10.0.0.3:8000"]
+    extra = lambda q: q.cost - q.ttft  # noqa: E731 - what the pick costs others
+    assert extra(on_prefills) > 2.0 * extra(on_decodes)
+    assert extra(on_decodes) < 2.0 * extra(idle) + 0.01

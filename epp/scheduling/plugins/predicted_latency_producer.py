@@ -58,9 +58,6 @@ if TYPE_CHECKING:
 
 _MS = 1e-3
 _RATE_WINDOW = 10.0  # seconds
-# A request arriving at a busy pod waits for the step in flight and then its own: the steps
-# whose length a decode batch sets, per TTFT.
-_STEPS_PER_TTFT = 1.5
 _MAX_UTILIZATION = 0.95
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 
@@ -236,23 +233,28 @@ class PredictedLatencyProducer(DataProducer):
             share = step_scale * (per_seq + per_context * prompt_context)
             own_seconds = prefill_scale * (per_prefill * own + prior.per_attention_pair * own * (cached + own * 0.5))
             work = own_seconds + output * share
-            # EndpointLoad.utilization_at / rate_at, inline (one decay for both)
-            work_rate, pick_rate = load.work_rate, load.pick_rate
+            # EndpointLoad.utilization_at / prefill_utilization_at / rate_at, inline (one decay)
+            work_rate, pick_rate, prefill_rate = load.work_rate, load.pick_rate, load.prefill_rate
             if work_rate > 0.0 or pick_rate > 0.0:
                 decay = exp(-max(0.0, now - load.rates_at) / LOAD_RATE_WINDOW)
                 utilization = work_rate * decay if work_rate > 0.0 else 0.0
+                prefill_utilization = prefill_rate * decay if prefill_rate > 0.0 else 0.0
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
             else:
-                utilization = rate = 0.0
+                utilization = prefill_utilization = rate = 0.0
             u = min(_MAX_UTILIZATION, utilization)
+            u_prefill = min(_MAX_UTILIZATION, prefill_utilization)
             arrivals = max(rate, arrivals_per_pod)
             lifetime = output * step
-            externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
+            newcomer_waits = 0.5 + max(1, math.ceil(queued / budget))
+            externality = (newcomer_waits * share * arrivals * lifetime / (1.0 - u)
+                           + own_seconds * u_prefill / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
             ttft = prefill_seconds + wait
             append(Prediction(ttft, ttft + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
-                              itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work))
+                              itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
+                              own_seconds))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -287,18 +289,27 @@ class PredictedLatencyProducer(DataProducer):
         step = service.step_seconds(decoding + 1.0, context + prompt)
         itl = step + service.prefill_scale * prior.per_prefill_token * min(queued, prior.max_batched_tokens)
         # What the pick costs the requests that reach the pod after it, in seconds of their TTFT.
-        # While it decodes every step is longer by its share, and each request
-        # arriving meanwhile waits `_STEPS_PER_TTFT` steps; its prefill delays the ones that queue
-        # behind it. A busy pod amplifies both: what slows it keeps more requests in it longer
-        # (utilisation u: the pod-seconds of work per second lately sent there).
+        # While it decodes every step is longer by its share, and each request arriving meanwhile
+        # waits that longer step for as many steps as it takes to reach its first token: half the
+        # step in flight, then the steps of the queued prefill, its own short chunk in the last
+        # (it finds the pod's queue as this one does — a loaded pod stays loaded — but not this
+        # one's prefill, done by then). A busy pod amplifies that, since longer steps keep more
+        # requests in it longer (u: the pod-seconds of work per second lately sent there). Its
+        # prefill delays the prefills that queue behind it, amplified by how busy the pod's
+        # prefill is (u_prefill: prefill seconds per second) — not by its decode load: decodes
+        # share each step with a prefill chunk and hold no prefill up.
         share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
         own_seconds = service.prefill_scale * (prior.per_prefill_token * own
                                                + prior.per_attention_pair * own * (cached + own * 0.5))
         work = own_seconds + output * share
         u = min(_MAX_UTILIZATION, load.utilization_at(now))
+        u_prefill = min(_MAX_UTILIZATION, load.prefill_utilization_at(now))
         arrivals = max(load.rate_at(now), arrivals_per_pod)
         lifetime = output * step  # its decode, at the pod's steady step (the queued prefill passes)
-        externality = (_STEPS_PER_TTFT * share * arrivals * lifetime + own_seconds * u) / (1.0 - u)
+        budget = max(1.0, prior.max_batched_tokens - decoding)
+        newcomer_waits = 0.5 + max(1, math.ceil(queued / budget))
+        externality = (newcomer_waits * share * arrivals * lifetime / (1.0 - u)
+                       + own_seconds * u_prefill / (1.0 - u_prefill))
         # A full cache evicts some other prompt's prefix for this one's new blocks: that prompt's
         # next request pays the prefill again.
         evicted = match.evicted_tokens.get(ep.address, 0) if match is not None else 0
@@ -309,6 +320,7 @@ class PredictedLatencyProducer(DataProducer):
             ttft=ttft,
             cost=ttft + externality,
             work_seconds=work,
+            prefill_work_seconds=own_seconds,
             queued_prefill=queued,
             own_prefill=own,
             cached_tokens=cached,
