@@ -85,6 +85,10 @@ async def _serve(kind: str, endpoints: int, port_file: Path, profile: Path | Non
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    if kind == "epp":
+        from epp.runner import tune_collector
+
+        tune_collector()  # as `epp serve` does
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     profiler = cProfile.Profile() if profile is not None else None
@@ -159,7 +163,10 @@ async def in_process(endpoints: int, requests: list[tuple[pb.ProcessingRequest, 
     from epp.extproc import messages
     from epp.extproc.stream import RequestStream
 
+    from epp.runner import tune_collector
+
     servicer, publish = _epp_servicer(endpoints)
+    tune_collector()  # as `epp serve` does (this process is the bench's own)
     wire = [(head.SerializeToString(), body.SerializeToString()) for head, body in requests]
     parse = pb.ProcessingRequest.FromString
     director = servicer.director  # type: ignore[attr-defined]
