@@ -132,7 +132,7 @@ class RequestStream:
 
     # -- request path --
 
-    def _on_request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _on_request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
         self.headers = _headers(message.request_headers)
         self.request_id = self.headers.get(REQUEST_ID, "")
         if not self.request_id:
@@ -148,7 +148,7 @@ class RequestStream:
                            reason="unsupported_mode")
         return []  # held until the body is complete
 
-    async def _on_request_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    async def _on_request_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
         chunk = message.request_body.body
         if len(self.body) + len(chunk) > self.max_body_bytes:
             self.body.clear()
@@ -166,8 +166,8 @@ class RequestStream:
         if self.request_body_mode in BUFFERED_MODES:
             return [messages.buffered_request_body(set_headers, remove, destination, decision.body)]
         return [
-            messages.request_headers_response(set_headers, remove, destination),
-            *messages.streamed_request_body(body),
+            messages.request_headers_response_wire(set_headers, remove, destination),
+            *messages.streamed_request_body_wire(body),
         ]
 
     async def _decide(self) -> Decision:
@@ -183,7 +183,7 @@ class RequestStream:
         decision, self.record = await self.director.handle_request(request)
         return decision
 
-    def _pick_headers_only(self) -> pb.ProcessingResponse:
+    def _pick_headers_only(self) -> bytes:
         path = next((self.headers[name] for name in PATH_HEADERS if self.headers.get(name)), "")
         self.request = InferenceRequest(
             request_id=self.request_id, api=api_for_path(path), model="", target_model="", body=None,
@@ -192,7 +192,7 @@ class RequestStream:
         decision, self.record = self.director.handle_headers_only(self.request)
         destination = ",".join(ep.address for ep in decision.targets)
         set_headers, remove = self._upstream_headers(destination, None)
-        return messages.request_headers_response(set_headers, remove, destination)
+        return messages.request_headers_response_wire(set_headers, remove, destination)
 
     def _upstream_headers(self, destination: str, body: bytes | None) -> tuple[dict[str, str], list[str]]:
         """Destination, content-length and a generated request id; client-sent
