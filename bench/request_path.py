@@ -82,7 +82,9 @@ async def _serve(kind: str, endpoints: int, port_file: Path, profile: Path | Non
     if kind == "epp":
         add_to_server(servicer, server)  # type: ignore[arg-type]
     else:
-        pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+        from bench.grpc_floor import add_to_server as add_floor
+
+        add_floor(servicer, server)  # type: ignore[arg-type]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     if kind == "epp":
