@@ -196,7 +196,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         weight_of, matched, evicted = self.index.weights.get, match.matched, match.evicted_tokens
         auto_tune, fixed, scale_of = self.config.auto_tune, self.config.lru_capacity_per_server, self._capacity_scale.get
         for ep in endpoints:
-            address = ep.spec.address
+            address = ep.address
             weight = weight_of(address)
             if not weight:
                 continue
