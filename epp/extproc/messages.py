@@ -95,17 +95,33 @@ def response_headers_response(set_headers: dict[str, str]) -> pb.ProcessingRespo
     return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
 
 
+def _varint(value: int) -> bytes:
+    if value <= 0x7F:  # most lengths: one byte
+        return bytes((value,))
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def _delimited(tag: int, payload: bytes) -> bytes:
     """One length-delimited protobuf field: its key byte, the payload's length (varint), the payload."""
-    size = len(payload)
-    if size <= 0x7F:  # most fields: a one-byte length
-        return bytes((tag, size)) + payload
-    head = bytearray((tag,))
-    while size > 0x7F:
-        head.append((size & 0x7F) | 0x80)
-        size >>= 7
-    head.append(size)
-    return bytes(head) + payload
+    return bytes((tag,)) + _varint(len(payload)) + payload
+
+
+def _nested(tags: tuple[int, ...], parts: list[bytes | memoryview]) -> bytes:
+    """Length-delimited fields nested in one another (`tags` outermost first) around `parts`,
+    written with one copy of the parts (wrapping level by level would copy a body once a level)."""
+    size = sum(len(part) for part in parts)
+    heads: list[bytes] = []
+    for tag in reversed(tags):
+        head = bytes((tag,)) + _varint(size)
+        heads.append(head)
+        size += len(head)
+    heads.reverse()
+    return b"".join(heads + parts)
 
 
 def _text(tag: int, text: str) -> bytes:
@@ -123,14 +139,14 @@ _CLEAR_ROUTE_CACHE_WIRE = b"\x28\x01"  # CommonResponse.clear_route_cache (field
 # builders' serialisation (tests/extproc/test_wire.py).
 
 
-def _streamed_body_wire(tag: int, chunk: bytes, end_of_stream: bool) -> bytes:
+def _streamed_body_wire(tag: int, chunk: bytes | memoryview, end_of_stream: bool) -> bytes:
     """ProcessingResponse.<request_body (3) | response_body (4)> > BodyResponse.response (1) >
     CommonResponse.body_mutation (3) > BodyMutation.streamed_response (3) > StreamedBodyResponse
     {body (1), end_of_stream (2)}."""
-    inner = _delimited(0x0A, chunk) if chunk else b""  # proto3 leaves an empty bytes field out
-    if end_of_stream:
-        inner += _EOS_TRUE
-    return _delimited(tag, _delimited(0x0A, _delimited(0x1A, _delimited(0x1A, inner))))
+    parts: list[bytes | memoryview] = [b"\x0a" + _varint(len(chunk)), chunk] if len(chunk) else []  # proto3
+    if end_of_stream:  # leaves an empty bytes field out
+        parts.append(_EOS_TRUE)
+    return _nested((tag, 0x0A, 0x1A, 0x1A), parts)
 
 
 def streamed_response_body_wire(chunk: bytes, end_of_stream: bool) -> bytes:
@@ -143,7 +159,7 @@ def streamed_response_body_wire(chunk: bytes, end_of_stream: bool) -> bytes:
 def streamed_request_body_wire(body: bytes) -> list[bytes]:
     """`streamed_request_body(body)`, each chunk already serialised."""
     view = memoryview(body)
-    chunks = [bytes(view[i : i + BODY_CHUNK_BYTES]) for i in range(0, len(body), BODY_CHUNK_BYTES)] or [b""]
+    chunks = [view[i : i + BODY_CHUNK_BYTES] for i in range(0, len(body), BODY_CHUNK_BYTES)] or [view]
     last = len(chunks) - 1
     return [_streamed_body_wire(0x1A, chunk, i == last) for i, chunk in enumerate(chunks)]
 
