@@ -82,7 +82,8 @@ class RequestStream:
         self.request_id = ""
         self.generated_request_id = False
         self.subset: list[str] | None = None
-        self.body = bytearray()
+        self.chunks: list[bytes] = []  # the request body as it arrived, joined once at its end
+        self.body_bytes = 0
         self.request: InferenceRequest | None = None
         self.record: RequestRecord | None = None
         self.observer: ResponseObserver | None = None
@@ -150,17 +151,22 @@ class RequestStream:
 
     async def _on_request_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
         chunk = message.request_body.body
-        if len(self.body) + len(chunk) > self.max_body_bytes:
-            self.body.clear()
+        if self.body_bytes + len(chunk) > self.max_body_bytes:
+            self.chunks.clear()
             raise EppError(Code.PAYLOAD_TOO_LARGE, f"request body larger than {self.max_body_bytes} bytes",
                            reason="body_too_large")
-        self.body += chunk
+        if chunk:
+            self.chunks.append(chunk)
+            self.body_bytes += len(chunk)
         if not message.request_body.end_of_stream:
             if self.request_body_mode in BUFFERED_MODES:
                 raise EppError(Code.PAYLOAD_TOO_LARGE, "request body exceeds the proxy's buffer", reason="body_too_large")
             return []
-        decision = await self._decide()
-        body = decision.body if decision.body is not None else bytes(self.body)
+        # One copy at most: a body that came in one message (the usual case) is used as it is.
+        raw = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
+        decision = await self._decide(raw)
+        body = decision.body if decision.body is not None else raw
         destination = ",".join(ep.address for ep in decision.targets)
         set_headers, remove = self._upstream_headers(destination, body)
         if self.request_body_mode in BUFFERED_MODES:
@@ -170,10 +176,10 @@ class RequestStream:
             *messages.streamed_request_body_wire(body),
         ]
 
-    async def _decide(self) -> Decision:
+    async def _decide(self, raw: bytes) -> Decision:
         headers = self.headers
         path = next((headers[name] for name in PATH_HEADERS if headers.get(name)), "/v1/completions")
-        request = parse_request(bytes(self.body), path=path, request_id=self.request_id, headers=headers)
+        request = parse_request(raw, path=path, request_id=self.request_id, headers=headers)
         request.subset = self.subset
         self.request = request
         if self.refresh is not None:
