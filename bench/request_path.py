@@ -8,7 +8,8 @@ as `epp serve` builds it, with metrics and the decision trace; the endpoints' me
 republished every 50 ms, as the scraper's board would) or `bench.grpc_floor`'s servicer, which
 answers the same messages and does nothing else. A client process (this one) sends each request
 as Envoy does on the shipped config (protocol config and ~10 headers, then the ~200-token body
-in one message) over C concurrent streams. The server's own CPU time (/proc) per request is the
+in one message; then, as the observer filter, the response on a stream of its own) over C
+concurrent streams. The server's own CPU time (/proc) per request is the
 figure; `÷ floor` is the EPP's over the floor's measured in the same run, alternating, so the
 machine's other load mostly cancels. `--profile N` also runs the EPP server under cProfile and
 prints its top N functions by own time (cProfile slows Python calls: use it for where, not how
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import io
 import pstats
@@ -132,9 +134,33 @@ def _messages(rng: random.Random, count: int) -> list[tuple[pb.ProcessingRequest
     return out
 
 
+def _observed(token: str) -> list[pb.ProcessingRequest]:
+    """What the shipped config's observer filter sends for a response: the request headers (with
+    the pick's observe token), the response headers and its one body chunk (a stub completion
+    with usage), in observability mode."""
+    from bench.stubpods import COMPLETION
+    from epp.api.headers import OBSERVE_TOKEN
+
+    def headers(pairs: list[tuple[str, str]]) -> pb.HttpHeaders:
+        return pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs]))
+
+    return [
+        pb.ProcessingRequest(observability_mode=True, request_headers=headers(
+            [(":path", "/v1/completions"), (":method", "POST"), (OBSERVE_TOKEN, token)])),
+        pb.ProcessingRequest(observability_mode=True, response_headers=headers(
+            [(":status", "200"), ("content-type", "application/json"), ("content-length", str(len(COMPLETION)))])),
+        pb.ProcessingRequest(observability_mode=True, response_body=pb.HttpBody(body=COMPLETION, end_of_stream=True)),
+    ]
+
+
 async def _drive(port: int, requests: list[tuple[pb.ProcessingRequest, pb.ProcessingRequest]],
                  concurrency: int) -> int:
-    """Send every request once; returns how many got their destination."""
+    """Send every request once, as Envoy does on the shipped config: the picking stream, then
+    (when the pick asked for it with an observe token) the observer stream with the response.
+    Returns how many got their destination."""
+    from epp.api.headers import OBSERVE_TOKEN
+
     done = 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
@@ -147,11 +173,38 @@ async def _drive(port: int, requests: list[tuple[pb.ProcessingRequest, pb.Proces
                 call = stub.Process()
                 await call.write(head)
                 await call.write(body)
-                async for reply in call:
-                    if reply.WhichOneof("response") == "request_body" and \
-                            reply.request_body.response.body_mutation.streamed_response.end_of_stream:
+                token = ""
+                while True:
+                    reply = await call.read()
+                    if reply is grpc.aio.EOF:
+                        break
+                    kind = reply.WhichOneof("response")
+                    if kind == "request_headers":
+                        for option in reply.request_headers.response.header_mutation.set_headers:
+                            if option.header.key == OBSERVE_TOKEN:
+                                token = option.header.raw_value.decode()
+                    elif kind == "request_body" and reply.request_body.response.body_mutation.streamed_response.end_of_stream:
                         done += 1
-                        await call.done_writing()
+                        break
+                # Envoy: the request goes upstream (the observer stream opens), the response comes
+                # back (the observer reports it); the picking stream ends with the HTTP stream.
+                observed = _observed(token) if token else []
+                observer = stub.Process() if observed else None
+                if observer is not None:
+                    await observer.write(observed[0])
+                await call.done_writing()
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+                if observer is not None:
+                    # The server ends an observer stream once it has what it needs (or when it has
+                    # no pick to report to): writes after that fail, as Envoy's are dropped.
+                    with contextlib.suppress(Exception):
+                        for message in observed[1:]:
+                            await observer.write(message)
+                        await observer.done_writing()
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        while await observer.read() is not grpc.aio.EOF:
+                            pass
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done
