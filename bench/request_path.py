@@ -187,24 +187,22 @@ async def _drive(port: int, requests: list[tuple[pb.ProcessingRequest, pb.Proces
                         done += 1
                         break
                 # Envoy: the request goes upstream (the observer stream opens), the response comes
-                # back (the observer reports it); the picking stream ends with the HTTP stream.
-                observed = _observed(token) if token else []
-                observer = stub.Process() if observed else None
-                if observer is not None:
-                    await observer.write(observed[0])
-                await call.done_writing()
-                while await call.read() is not grpc.aio.EOF:
-                    pass
-                if observer is not None:
+                # back (the observer reports it), then the HTTP stream, and with it the picking
+                # stream, ends.
+                if token:
+                    observer = stub.Process()
                     # The server ends an observer stream once it has what it needs (or when it has
                     # no pick to report to): writes after that fail, as Envoy's are dropped.
                     with contextlib.suppress(Exception):
-                        for message in observed[1:]:
+                        for message in _observed(token):
                             await observer.write(message)
                         await observer.done_writing()
                     with contextlib.suppress(grpc.aio.AioRpcError):
                         while await observer.read() is not grpc.aio.EOF:
                             pass
+                await call.done_writing()
+                while await call.read() is not grpc.aio.EOF:
+                    pass
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done
