@@ -25,6 +25,7 @@ import cProfile
 import io
 import pstats
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from bench.common import MODEL, cpu_seconds, log, machine_load, start_process, stop_process
+from bench.common import MODEL, REPO, cpu_seconds, log, machine_load, start_process, stop_process
 
 _Mode = processing_mode_pb2.ProcessingMode
 
@@ -240,6 +241,14 @@ async def in_process(endpoints: int, requests: list[tuple[pb.ProcessingRequest, 
     return [await one_round() for _ in range(rounds)]
 
 
+def _relative_paths(text: str) -> str:
+    """A profile's file names without this machine's directories (the repository's, the
+    interpreter's), so a committed report names no local path."""
+    text = text.replace(str(REPO) + "/", "")
+    text = re.sub(r"[^\s(]*/site-packages/", "", text)
+    return re.sub(r"[^\s(]*/lib/python3\.\d+/", "", text)
+
+
 class Server:
     def __init__(self, kind: str, endpoints: int, profile: Path | None = None) -> None:
         self.kind = kind
@@ -323,7 +332,7 @@ async def measure(endpoints: list[int], count: int, concurrency: int, rounds: in
                 text = io.StringIO()
                 pstats.Stats(str(out), stream=text).sort_stats("tottime").print_stats(profile_top)
                 profiles += ["", f"## cProfile of the EPP server, {n} endpoints, {count} requests (own time)", "",
-                             "```", text.getvalue().strip(), "```"]
+                             "```", _relative_paths(text.getvalue().strip().replace(str(out), out.name)), "```"]
     lines.append("")
     lines.append("CPU/req is the lowest round's (the least disturbed by other load); each round's is listed.")
     return "\n".join(lines + inproc + profiles) + "\n"
