@@ -527,7 +527,7 @@ async def part_floor(args: argparse.Namespace) -> list[str]:
     lines = ["## The floor: an ext_proc server that does nothing", "",
              "`bench/grpc_floor.py` speaks the protocol on the EPP's stack (grpc.aio on uvloop, one process, no "
              "TLS) and only answers: the destination, the body re-streamed, response chunks echoed on the "
-             "reference config, nothing to an observer (run, as with the EPP, for streamed requests only). Same "
+             "reference config, nothing to an observer (which runs, as with the EPP's default, for every response). Same "
              "clients, stubs and pods as above. What the EPP costs above this row is its own work.", "",
              "| load | Envoy config | rate | server CPU per request / chunk |", "|---|---|---|---|"]
     rng = random.Random(5)

@@ -1,10 +1,12 @@
 """The floor under the EPP's per-request and per-chunk CPU: an ext_proc server that does nothing.
 
 It speaks the same protocol as the EPP on the same stack (grpc.aio on uvloop, one process) and
-answers as little as the protocol allows: the destination (round-robin over the endpoints it is
-given) after the request body, the body re-streamed, each response chunk echoed on the reference
-config, nothing to an observer stream (which, as with the EPP, runs for streamed requests only). Whatever the EPP costs above this is its own work; this
-much is the price of gRPC in Python, and no optimisation of the EPP's code goes below it.
+answers as little as the protocol allows, its replies written as bytes as the EPP's are: the
+destination (round-robin over the endpoints it is given) after the request body, the body
+re-streamed, each response chunk echoed on the reference config, nothing to an observer stream
+(which, as with the EPP's default, runs for every response). Whatever the EPP costs above this
+is its own work; this much is the price of gRPC in Python, and no optimisation of the EPP's code
+goes below it.
 
     python -m bench.grpc_floor PORT_FILE ENDPOINT...   # writes its port to PORT_FILE, serves until killed
 """
@@ -43,23 +45,32 @@ class Floor(pb_grpc.ExternalProcessorServicer):
                 if m.request_body.end_of_stream:
                     self.picks += 1
                     target = self.endpoints[self.picks % len(self.endpoints)]
-                    headers = {messages.DESTINATION: target, "content-length": str(len(body))}
-                    if b'"stream":true' in body:  # as the EPP: streamed responses are observed
-                        headers[OBSERVE_TOKEN] = "0" * 16
-                    yield messages.request_headers_response(headers, [], target)
-                    for reply in messages.streamed_request_body(body):
+                    # As the EPP by default (`Handoff.unstreamed_sample` 1): every response is
+                    # observed, so Envoy's shipped config opens the observer stream for each.
+                    headers = {messages.DESTINATION: target, "content-length": str(len(body)), OBSERVE_TOKEN: "0" * 16}
+                    yield messages.request_headers_response_wire(headers, [], target)
+                    for reply in messages.streamed_request_body_wire(body):
                         yield reply
             elif kind == "response_headers":
                 yield messages.response_headers_response({})
             elif kind == "response_body":
-                yield messages.streamed_response_body(m.response_body.body, m.response_body.end_of_stream)
+                yield messages.streamed_response_body_wire(m.response_body.body, m.response_body.end_of_stream)
             elif kind == "response_trailers":
                 yield messages.response_trailers_response()
 
 
+def add_to_server(floor: Floor, server: grpc.aio.Server) -> None:
+    """With the EPP's serializer (`epp.extproc.server.add_to_server`): replies already written as
+    bytes, as the EPP writes its request-path replies, so the floor builds no more than the EPP."""
+    handler = grpc.stream_stream_rpc_method_handler(floor.Process, request_deserializer=pb.ProcessingRequest.FromString,
+                                                    response_serializer=messages.serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}),))
+
+
 async def serve(port_file: Path, endpoints: list[str]) -> None:
     server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(Floor(endpoints), server)
+    add_to_server(Floor(endpoints), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     port_file.write_text(str(port))

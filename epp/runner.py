@@ -10,6 +10,7 @@ the supervisor serves the pod's.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from pathlib import Path
@@ -51,6 +52,24 @@ if TYPE_CHECKING:
     from epp.shm import Segment
 
 log = logging.getLogger("epp")
+
+# A request allocates a few hundred container objects (messages, the cycle state, the ledger
+# entry), so with CPython's default of 700 the young generation was collected every other
+# request, each pass also walking the survivors; 20,000 keeps a short-lived request's garbage
+# from ever being traced (measured: ~0.1 ms of 1 ms per request at 10 endpoints).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_collector() -> None:
+    """For a process that serves the request path (`epp serve`, each worker), once it is built:
+    everything allocated so far (modules, config, plugins) is moved out of the collector's sight
+    (`gc.freeze`), and the young generation is collected less often. Not for a shared process
+    (tests, the simulator): the setting is process-wide."""
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
+    log.info("garbage collector tuned for serving", extra={"gc_threshold": gc.get_threshold(),
+                                                           "gc_frozen": gc.get_freeze_count()})
 
 
 def max_scrape_interval(options: Options, config: LoadedConfig) -> float:
@@ -373,6 +392,7 @@ async def serve(options: Options) -> None:
     log.info("serving in one process", extra={"workers": 1})
     picker = EndpointPicker(options)
     await picker.start()
+    tune_collector()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

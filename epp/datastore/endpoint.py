@@ -99,9 +99,14 @@ class Endpoint:
     load: EndpointLoad = field(default_factory=EndpointLoad)
     service: ServiceModel = field(default_factory=ServiceModel)
     batch_limit: BatchLimit = field(default_factory=BatchLimit)
+    # `spec.address`, the key every pick reads per candidate many times over (a property cost a
+    # call each time). Fixed for the endpoint's life: the datastore keys endpoints by it, and a
+    # new spec for the same key keeps it.
+    address: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.labels = dict(self.spec.labels)
+        self.address = self.spec.address
 
     def update_metrics(self, metrics: EndpointMetrics) -> None:
         """A new valid scrape (the data layer's one write): the ledger notes what it held then."""
@@ -110,10 +115,6 @@ class Endpoint:
         self.load.mark_scrape()
         self.batch_limit.observe(metrics.running_requests, metrics.waiting_queue_size, metrics.kv_cache_usage,
                                  self.load.prefill_backlog, self.service.prior.max_batched_tokens)
-
-    @property
-    def address(self) -> str:
-        return self.spec.address
 
     @property
     def name(self) -> str:

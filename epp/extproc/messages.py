@@ -95,30 +95,100 @@ def response_headers_response(set_headers: dict[str, str]) -> pb.ProcessingRespo
     return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
 
 
+def _varint(value: int) -> bytes:
+    if value <= 0x7F:  # most lengths: one byte
+        return bytes((value,))
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def _delimited(tag: int, payload: bytes) -> bytes:
     """One length-delimited protobuf field: its key byte, the payload's length (varint), the payload."""
-    size = len(payload)
-    head = bytearray((tag,))
-    while size > 0x7F:
-        head.append((size & 0x7F) | 0x80)
-        size >>= 7
-    head.append(size)
-    return bytes(head) + payload
+    return bytes((tag,)) + _varint(len(payload)) + payload
+
+
+def _nested(tags: tuple[int, ...], parts: list[bytes | memoryview]) -> bytes:
+    """Length-delimited fields nested in one another (`tags` outermost first) around `parts`,
+    written with one copy of the parts (wrapping level by level would copy a body once a level)."""
+    size = sum(len(part) for part in parts)
+    heads: list[bytes] = []
+    for tag in reversed(tags):
+        head = bytes((tag,)) + _varint(size)
+        heads.append(head)
+        size += len(head)
+    heads.reverse()
+    return b"".join(heads + parts)
+
+
+def _text(tag: int, text: str) -> bytes:
+    """A string field; proto3 leaves an empty one out."""
+    return _delimited(tag, text.encode()) if text else b""
 
 
 _EOS_TRUE = b"\x10\x01"  # StreamedBodyResponse.end_of_stream (field 2, varint) = true
+_OVERWRITE_WIRE = bytes((0x18, _OVERWRITE))  # HeaderValueOption.append_action (field 3, varint)
+_CLEAR_ROUTE_CACHE_WIRE = b"\x28\x01"  # CommonResponse.clear_route_cache (field 5, varint) = true
+
+# Every request's replies on the FULL_DUPLEX_STREAMED path, written as bytes: building the nested
+# messages (and the destination's Struct through protobuf's Python `update`) cost more than the
+# rest of the reply path, and these shapes never change. Tests check each equals the message
+# builders' serialisation (tests/extproc/test_wire.py).
+
+
+def _streamed_body_wire(tag: int, chunk: bytes | memoryview, end_of_stream: bool) -> bytes:
+    """ProcessingResponse.<request_body (3) | response_body (4)> > BodyResponse.response (1) >
+    CommonResponse.body_mutation (3) > BodyMutation.streamed_response (3) > StreamedBodyResponse
+    {body (1), end_of_stream (2)}."""
+    parts: list[bytes | memoryview] = [b"\x0a" + _varint(len(chunk)), chunk] if len(chunk) else []  # proto3
+    if end_of_stream:  # leaves an empty bytes field out
+        parts.append(_EOS_TRUE)
+    return _nested((tag, 0x0A, 0x1A, 0x1A), parts)
 
 
 def streamed_response_body_wire(chunk: bytes, end_of_stream: bool) -> bytes:
     """`streamed_response_body(chunk, end_of_stream)` already serialised: the token path sends one
     per response chunk, and four nested message objects built and serialised per chunk cost more
-    than writing the bytes. ProcessingResponse.response_body (4) > BodyResponse.response (1) >
-    CommonResponse.body_mutation (3) > BodyMutation.streamed_response (3) > StreamedBodyResponse
-    {body (1), end_of_stream (2)}; a test checks it equals the message's own serialisation."""
-    inner = _delimited(0x0A, chunk) if chunk else b""  # proto3 leaves an empty bytes field out
-    if end_of_stream:
-        inner += _EOS_TRUE
-    return _delimited(0x22, _delimited(0x0A, _delimited(0x1A, _delimited(0x1A, inner))))
+    than writing the bytes."""
+    return _streamed_body_wire(0x22, chunk, end_of_stream)
+
+
+def streamed_request_body_wire(body: bytes) -> list[bytes]:
+    """`streamed_request_body(body)`, each chunk already serialised."""
+    view = memoryview(body)
+    chunks = [view[i : i + BODY_CHUNK_BYTES] for i in range(0, len(body), BODY_CHUNK_BYTES)] or [view]
+    last = len(chunks) - 1
+    return [_streamed_body_wire(0x1A, chunk, i == last) for i, chunk in enumerate(chunks)]
+
+
+def _header_mutation_wire(set_headers: dict[str, str], remove: list[str]) -> bytes:
+    """HeaderMutation {set_headers (1): HeaderValueOption {header (1): HeaderValue {key (1),
+    raw_value (3)}, append_action (3)}, remove_headers (2)}."""
+    out = [_delimited(0x0A, _delimited(0x0A, _text(0x0A, k) + _text(0x1A, v)) + _OVERWRITE_WIRE)
+           for k, v in set_headers.items()]
+    out += [_delimited(0x12, name.encode()) for name in remove]
+    return b"".join(out)
+
+
+def _destination_metadata_wire(destination: str) -> bytes:
+    """`destination_metadata(destination)`: Struct {fields (1): {"envoy.lb": Value {struct_value
+    (5): Struct {fields: {"x-gateway-destination-endpoint": Value {string_value (3)}}}}}}."""
+    inner = _delimited(0x0A, _text(0x0A, DESTINATION) + _delimited(0x12, _delimited(0x1A, destination.encode())))
+    return _delimited(0x0A, _text(0x0A, LB_NAMESPACE) + _delimited(0x12, _delimited(0x2A, inner)))
+
+
+def request_headers_response_wire(set_headers: dict[str, str], remove: list[str], destination: str = "") -> bytes:
+    """`request_headers_response(set_headers, remove, destination)` already serialised:
+    ProcessingResponse {request_headers (1): HeadersResponse {response (1): CommonResponse
+    {header_mutation (2), clear_route_cache (5)}}, dynamic_metadata (8)}."""
+    common = _delimited(0x12, _header_mutation_wire(set_headers, remove)) + _CLEAR_ROUTE_CACHE_WIRE
+    out = _delimited(0x0A, _delimited(0x0A, common))
+    if destination:
+        out += _delimited(0x42, _destination_metadata_wire(destination))
+    return out
 
 
 def serialize(response: pb.ProcessingResponse | bytes) -> bytes:

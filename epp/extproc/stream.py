@@ -82,7 +82,8 @@ class RequestStream:
         self.request_id = ""
         self.generated_request_id = False
         self.subset: list[str] | None = None
-        self.body = bytearray()
+        self.chunks: list[bytes] = []  # the request body as it arrived, joined once at its end
+        self.body_bytes = 0
         self.request: InferenceRequest | None = None
         self.record: RequestRecord | None = None
         self.observer: ResponseObserver | None = None
@@ -132,7 +133,7 @@ class RequestStream:
 
     # -- request path --
 
-    def _on_request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    def _on_request_headers(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
         self.headers = _headers(message.request_headers)
         self.request_id = self.headers.get(REQUEST_ID, "")
         if not self.request_id:
@@ -148,32 +149,37 @@ class RequestStream:
                            reason="unsupported_mode")
         return []  # held until the body is complete
 
-    async def _on_request_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    async def _on_request_body(self, message: pb.ProcessingRequest) -> list[pb.ProcessingResponse | bytes]:
         chunk = message.request_body.body
-        if len(self.body) + len(chunk) > self.max_body_bytes:
-            self.body.clear()
+        if self.body_bytes + len(chunk) > self.max_body_bytes:
+            self.chunks.clear()
             raise EppError(Code.PAYLOAD_TOO_LARGE, f"request body larger than {self.max_body_bytes} bytes",
                            reason="body_too_large")
-        self.body += chunk
+        if chunk:
+            self.chunks.append(chunk)
+            self.body_bytes += len(chunk)
         if not message.request_body.end_of_stream:
             if self.request_body_mode in BUFFERED_MODES:
                 raise EppError(Code.PAYLOAD_TOO_LARGE, "request body exceeds the proxy's buffer", reason="body_too_large")
             return []
-        decision = await self._decide()
-        body = decision.body if decision.body is not None else bytes(self.body)
+        # One copy at most: a body that came in one message (the usual case) is used as it is.
+        raw = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
+        decision = await self._decide(raw)
+        body = decision.body if decision.body is not None else raw
         destination = ",".join(ep.address for ep in decision.targets)
         set_headers, remove = self._upstream_headers(destination, body)
         if self.request_body_mode in BUFFERED_MODES:
             return [messages.buffered_request_body(set_headers, remove, destination, decision.body)]
         return [
-            messages.request_headers_response(set_headers, remove, destination),
-            *messages.streamed_request_body(body),
+            messages.request_headers_response_wire(set_headers, remove, destination),
+            *messages.streamed_request_body_wire(body),
         ]
 
-    async def _decide(self) -> Decision:
+    async def _decide(self, raw: bytes) -> Decision:
         headers = self.headers
         path = next((headers[name] for name in PATH_HEADERS if headers.get(name)), "/v1/completions")
-        request = parse_request(bytes(self.body), path=path, request_id=self.request_id, headers=headers)
+        request = parse_request(raw, path=path, request_id=self.request_id, headers=headers)
         request.subset = self.subset
         self.request = request
         if self.refresh is not None:
@@ -183,7 +189,7 @@ class RequestStream:
         decision, self.record = await self.director.handle_request(request)
         return decision
 
-    def _pick_headers_only(self) -> pb.ProcessingResponse:
+    def _pick_headers_only(self) -> bytes:
         path = next((self.headers[name] for name in PATH_HEADERS if self.headers.get(name)), "")
         self.request = InferenceRequest(
             request_id=self.request_id, api=api_for_path(path), model="", target_model="", body=None,
@@ -192,7 +198,7 @@ class RequestStream:
         decision, self.record = self.director.handle_headers_only(self.request)
         destination = ",".join(ep.address for ep in decision.targets)
         set_headers, remove = self._upstream_headers(destination, None)
-        return messages.request_headers_response(set_headers, remove, destination)
+        return messages.request_headers_response_wire(set_headers, remove, destination)
 
     def _upstream_headers(self, destination: str, body: bytes | None) -> tuple[dict[str, str], list[str]]:
         """Destination, content-length and a generated request id; client-sent

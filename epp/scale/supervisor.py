@@ -79,10 +79,11 @@ def member_main(spec: MemberSpec) -> None:
 
 
 async def _run_member(spec: MemberSpec) -> None:
-    from epp.runner import EndpointPicker
+    from epp.runner import EndpointPicker, tune_collector
 
     picker = EndpointPicker(spec.options, role=spec.role)
     await picker.start()
+    tune_collector()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     while not stop.is_set():  # exit with the supervisor, never linger holding the port

@@ -22,12 +22,6 @@ from epp.scheduling.framework import (
 PluginTimer = Callable[[str, Plugin, float], None]
 
 
-def _clamp(value: float) -> float:
-    if value != value or value < 0.0:  # NaN or negative
-        return 0.0
-    return 1.0 if value > 1.0 else value
-
-
 def run_profile(
     profile: SchedulerProfile,
     cycle: CycleState,
@@ -54,8 +48,10 @@ def run_profile(
             timer("Scorer", weighted.scorer, clock() - start)
         scores[weighted.scorer.name] = raw
         weight = weighted.weight
-        for i, value in enumerate(raw):
-            total[i] += weight * _clamp(value)
+        for i, value in enumerate(raw):  # clamped to [0, 1]; NaN or negative adds nothing
+            if value != value or value < 0.0:
+                continue
+            total[i] += weight * (1.0 if value > 1.0 else value)
     assert profile.picker is not None, f"profile {profile.name} has no picker"
     start = clock()
     targets = profile.picker.pick(cycle, request, list(zip(endpoints, total)))

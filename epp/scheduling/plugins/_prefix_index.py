@@ -152,6 +152,11 @@ class PrefixIndex:
         lru = self._lrus.get(server)
         return sum(1 for key in lru if key >= 0) if lru is not None else 0
 
+    @property
+    def weights(self) -> dict[str, int]:
+        """Blocks the LRU accounts for, per server (read-only: for loops over many servers)."""
+        return self._weights
+
     def server_weight(self, server: str) -> int:
         """Blocks the LRU accounts for on `server` (hashed and anonymous)."""
         return self._weights.get(server, 0)

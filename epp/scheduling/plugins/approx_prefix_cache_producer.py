@@ -187,18 +187,32 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
     def _evictions(self, match: PrefixMatch, request: InferenceRequest, endpoints: list[Endpoint]) -> None:
         """Per endpoint, the cached prompt tokens this request would push out of its KV cache:
         what its new blocks need beyond the room the index believes is left (a full cache evicts
-        some other prompt's prefix, which its next request pays for)."""
+        some other prompt's prefix, which its next request pays for).
+
+        One pass over every candidate on every pick: `lru_capacity` is inlined (the same
+        arithmetic) and every lookup is a local, which at 100 candidates halves its cost."""
         tpb = match.tokens_per_block or float(match.block_size_tokens)
         footprint = int(self._footprint_tokens(request, len(request.prompt)) / tpb)
-        index, matched, evicted = self.index, match.matched, match.evicted_tokens
+        weight_of, matched, evicted = self.index.weights.get, match.matched, match.evicted_tokens
+        auto_tune, fixed, scale_of = self.config.auto_tune, self.config.lru_capacity_per_server, self._capacity_scale.get
         for ep in endpoints:
-            weight = index.server_weight(ep.address)
+            address = ep.address
+            weight = weight_of(address)
             if not weight:
                 continue
-            new = footprint - matched.get(ep.address, 0)
-            over = weight + new - self.lru_capacity(ep, tpb)
+            new = footprint - matched.get(address, 0)
+            capacity = fixed
+            if auto_tune:
+                metrics = ep.metrics
+                blocks = metrics.cache_num_blocks
+                if blocks > 0:
+                    size = metrics.cache_block_size
+                    if size > 0:
+                        blocks = int(blocks * size / tpb)
+                    capacity = max(1, int(blocks * scale_of(address, 1.0)))
+            over = weight + new - capacity
             if over > 0:
-                evicted[ep.address] = int(min(over, new) * tpb)
+                evicted[address] = int(min(over, new) * tpb)
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         primary = result.profiles.get(result.primary_profile)

@@ -66,9 +66,9 @@ class LatencyScorer(Scorer):
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         predictions = cycle.predictions
         found = [predictions.get(ep.address) for ep in endpoints]
-        if any(p is None for p in found):
+        if None in found:
             return [0.0] * len(endpoints)
-        costs = [max(_FLOOR, p.cost) for p in found]  # type: ignore[union-attr]
+        costs = [c if c > _FLOOR else _FLOOR for c in [p.cost for p in found]]  # type: ignore[union-attr]
         scores = _relative(costs, self.tie_tolerance)
         # Among the candidates that tie, the one the pick costs least work (a cached prefix
         # rather than a second copy of it) wins; exact ties stay ties, for the picker's coin.

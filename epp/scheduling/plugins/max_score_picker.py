@@ -20,6 +20,10 @@ class MaxScorePicker(CountedPicker):
     type = "max-score-picker"
 
     def pick(self, cycle: CycleState, request: InferenceRequest, scored: list[tuple[Endpoint, float]]) -> list[Endpoint]:
+        if self.max_endpoints == 1 and scored:
+            best = max(score for _, score in scored)
+            tied = [ep for ep, score in scored if score == best]
+            return [tied[0] if len(tied) == 1 else self.rng.choice(tied)]
         items = list(scored)
         self.rng.shuffle(items)
         items.sort(key=_score, reverse=True)  # stable, also with reverse=True
