@@ -173,6 +173,30 @@ def test_ledger_sums_add_up_and_own_part_stays_exact(layout: PodLayout) -> None:
         assert [(x.requests, x.decoding, x.prefill_backlog, x.footprint_tokens) for x in loads] == [(0, 0, 0, 0)] * PODS
 
 
+def test_the_work_rates_of_each_workers_picks_add_up(layout: PodLayout) -> None:
+    """The predictor's utilisations (all work, and the prefill part) are each worker's picks
+    summed: a pod two workers keep busy is as busy to each as to one worker sending it all."""
+    clock = Clock()
+    (core_a, link_a), (core_b, link_b) = worker(layout, 0, clock), worker(layout, 1, clock)
+
+    async def pick(core: Core) -> object:
+        return (await core.director.handle_request(request("q" * 8000, stream=True)))[1]
+
+    records = [asyncio.run(pick(core)) for core in (core_a, core_b, core_a, core_b)]
+    for link in (link_a, link_b):
+        link.refresh()
+    for core in (core_a, core_b):
+        loads = [ep.load for ep in core.datastore.endpoints()]
+        work = sum(x.utilization_at(clock.now) for x in loads)
+        prefill = sum(x.prefill_utilization_at(clock.now) for x in loads)
+        assert 0.0 < prefill < work
+    seen = [[round(ep.load.prefill_utilization_at(clock.now), 9) for ep in core.datastore.endpoints()]
+            for core in (core_a, core_b)]
+    assert seen[0] == seen[1]
+    for core, record in zip((core_a, core_b, core_a, core_b), records):
+        core.director.release(record)
+
+
 def test_ring_records_survive_wraps_and_a_lapped_reader_resynchronises() -> None:
     segment = Segment.create(Ring.footprint(4096), prefix="epp-test")
     ring = Ring(segment.buf, 4096)
