@@ -120,3 +120,19 @@ async def test_metrics_bearer_token(tmp_path: Path) -> None:
                 assert r.status == 401
             async with session.get(url, headers={"Authorization": "Bearer s3cret"}) as r:
                 assert r.status == 200 and "inference_pool_ready_pods" in await r.text()
+
+
+async def test_epp_status_shows_a_pods_learned_batch_limit() -> None:
+    """vLLM does not export max_num_seqs; the limit its scrapes revealed is what the slot wait
+    and flow control's slot ledger use, so an SRE sees it next to the service model."""
+    async with running_picker() as picker:
+        ep = picker.datastore.endpoints()[0]
+        for kv in (0.1, 0.2, 0.3):  # full at 8 with requests waiting, KV room, each after a step
+            ep.batch_limit.observe(8, 3, kv, 0, 8192)
+        status = await asyncio.to_thread(fetch, f"127.0.0.1:{picker.admin_port}", 0)
+    limits = {s.address: s.batch_limit for s in status.endpoints}
+    assert limits[ep.address] == 8 and sorted(limits.values()) == [0, 0, 8]
+    table = render(status)
+    assert "SLOTS" in table
+    row = next(line for line in table.splitlines() if line.startswith(ep.address) and line.rstrip().endswith(" 8"))
+    assert row
