@@ -86,6 +86,7 @@ class _Peer:
     seen: float  # local monotonic time of its last message
     endpoints: dict[str, list[float]] = field(default_factory=dict)  # rates as of `at[address]`
     at: dict[str, float] = field(default_factory=dict)
+    warned_layout: bool = False  # said once that its rows are of another version's layout
 
 
 class ReplicaLink:
@@ -286,6 +287,13 @@ class ReplicaLink:
             peer.endpoints.clear()
             peer.at.clear()
         for address, values in load.endpoints.items():
+            if len(values) != _SHARED and not peer.warned_layout:
+                # Another version's table layout (a rolling upgrade): its counts cannot be added
+                # to ours field by field, so they are left out until it runs this version.
+                peer.warned_layout = True
+                log.warning("replica link: a replica sends %d fields per endpoint, this version %d; "
+                            "its in-flight counts are ignored until both run the same version",
+                            len(values), _SHARED, extra={"replica": load.replica})
             if (len(values) == _SHARED and all(math.isfinite(v) and v >= 0 for v in values)
                     and len(address) <= t.MAX_ADDRESS_BYTES
                     and (address in peer.endpoints or len(peer.endpoints) < self.table.capacity)):

@@ -161,3 +161,25 @@ async def test_active_active_readiness_does_not_wait_for_leadership(redis_url: s
         alone.leader = Standby()  # type: ignore[assignment]
         assert not alone.ready()  # without active-active, only the leader is ready
         alone.leader = None
+
+
+async def test_a_replica_of_another_layout_is_ignored_and_said_once(redis_url: str, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A rolling upgrade runs two versions at once: rows of another table layout cannot be added
+    field by field, so they are left out — and the log says so, once per replica."""
+    import logging
+
+    import msgspec
+
+    from epp.scale.replicas import _SHARED, LoadMessage
+
+    async with replica(redis_url, f"test:{uuid.uuid4().hex}") as a:
+        link = a.replicas
+        assert link is not None
+        old = msgspec.msgpack.encode(LoadMessage("old-version", True, {"10.0.0.1:8000": [1.0] * (_SHARED - 1)}))
+        with caplog.at_level(logging.WARNING, logger="epp.scale.replicas"):
+            for _ in range(3):
+                link._received(link._load_channel, old)
+        said = [r for r in caplog.records if "fields per endpoint" in r.getMessage()]
+        assert len(said) == 1
+        assert "10.0.0.1:8000" not in link.peers["old-version"].endpoints
+        assert sum(inflight(refreshed(a)).values()) == 0
