@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from epp.api.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.params import Params
-from epp.datastore import Datastore, Endpoint
+from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.api.response import Usage
 from epp.scheduling.framework import CycleState, DataProducer, PreRequest, ResponseComplete, SchedulingResult
 from epp.scheduling.prefix_match import PrefixMatch
@@ -91,6 +91,18 @@ class PrefixCacheStats:
 _MIN_CAPACITY_SCALE = 0.2
 
 
+def _kv_index_blocks(metrics: EndpointMetrics, tokens_per_block: float | None, scale: float) -> int:
+    """Index blocks a pod's KV cache holds (its GPU blocks, in units of the index's blocks, times
+    the learned capacity scale); 0 when the pod has not said how many blocks it has."""
+    blocks = metrics.cache_num_blocks
+    if blocks <= 0:
+        return 0
+    size = metrics.cache_block_size
+    if tokens_per_block and size > 0:
+        blocks = int(blocks * size / tokens_per_block)
+    return max(1, int(blocks * scale))
+
+
 class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
     type = "approx-prefix-cache-producer"
 
@@ -152,12 +164,10 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         """Index blocks the endpoint's KV cache holds: its GPU blocks (auto-tuned from
         `cache_config_info`) in units of the index's blocks, times the learned capacity scale."""
         if self.config.auto_tune:
-            blocks = endpoint.metrics.cache_num_blocks
-            if blocks > 0:
-                size = endpoint.metrics.cache_block_size
-                if tokens_per_block and size > 0:
-                    blocks = int(blocks * size / tokens_per_block)
-                return max(1, int(blocks * self._capacity_scale.get(endpoint.address, 1.0)))
+            capacity = _kv_index_blocks(endpoint.metrics, tokens_per_block,
+                                        self._capacity_scale.get(endpoint.address, 1.0))
+            if capacity:
+                return capacity
         return self.config.lru_capacity_per_server
 
     # -- extension points --
@@ -189,8 +199,8 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         what its new blocks need beyond the room the index believes is left (a full cache evicts
         some other prompt's prefix, which its next request pays for).
 
-        One pass over every candidate on every pick: `lru_capacity` is inlined (the same
-        arithmetic) and every lookup is a local, which at 100 candidates halves its cost."""
+        One pass over every candidate on every pick: every lookup is a local, which at 100
+        candidates halves its cost."""
         tpb = match.tokens_per_block or float(match.block_size_tokens)
         footprint = int(self._footprint_tokens(request, len(request.prompt)) / tpb)
         weight_of, matched, evicted = self.index.weights.get, match.matched, match.evicted_tokens
@@ -203,13 +213,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
             new = footprint - matched.get(address, 0)
             capacity = fixed
             if auto_tune:
-                metrics = ep.metrics
-                blocks = metrics.cache_num_blocks
-                if blocks > 0:
-                    size = metrics.cache_block_size
-                    if size > 0:
-                        blocks = int(blocks * size / tpb)
-                    capacity = max(1, int(blocks * scale_of(address, 1.0)))
+                capacity = _kv_index_blocks(ep.metrics, tpb, scale_of(address, 1.0)) or fixed
             over = weight + new - capacity
             if over > 0:
                 evicted[address] = int(min(over, new) * tpb)
