@@ -201,3 +201,84 @@ def test_a_prefill_is_charged_for_the_prefills_it_holds_up_not_for_the_decodes_b
     extra = lambda q: q.cost - q.ttft  # noqa: E731 - what the pick costs others
     assert extra(on_prefills) > 2.0 * extra(on_decodes)
     assert extra(on_decodes) < 2.0 * extra(idle) + 0.01
+
+
+DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the approximate index hashes
+
+
+def route_document_requests(copy_credit: bool, documents: int = 1, count: int = 60,
+                            gap: float = 0.02) -> list[tuple[str, Prediction]]:
+    """Route `count` questions over `documents` shared documents, `gap` seconds apart, none
+    ending: the chosen pod and its prediction, per request."""
+    now = [100.0]
+    store = Datastore(clock=lambda: now[0])
+    for i in range(PODS):
+        ep = store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000))
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=now[0]))
+    config = f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: predicted-latency-producer
+  parameters: {{copyCredit: {str(copy_credit).lower()}}}
+- type: latency-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins: [{{pluginRef: latency-scorer}}, {{pluginRef: max-score-picker}}]
+"""
+    core = build_core(store, config, tick=0.05, seed=1)
+    picks: list[tuple[str, Prediction]] = []
+
+    async def run() -> None:
+        for i in range(count):
+            now[0] += gap
+            document = chr(ord("a") + i % documents) * DOC_CHARS
+            decision, _ = await core.director.handle_request(request(document + f" {i:07d}" * 300, max_tokens=200))
+            address = decision.targets[0].address
+            picks.append((address, decision.result.cycle.predictions[address]))
+
+    asyncio.run(run())
+    return picks
+
+
+def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
+    with_credit = route_document_requests(True)
+    without = route_document_requests(False)
+
+    def first_copy(picks: list[tuple[str, Prediction]]) -> int:
+        return next((i for i, (address, _) in enumerate(picks) if address != picks[0][0]), len(picks))
+
+    copied = first_copy(with_credit)
+    assert 1 < copied < first_copy(without)  # not at once (the holder is idle then), but sooner
+    address, chosen = with_credit[copied]
+    assert chosen.cached_tokens == 0 and chosen.copy_credit > 0.0
+    # and the copies pay: the prefix's requests wait less over the run.
+    mean_ttft = [sum(p.ttft for _, p in picks) / len(picks) for picks in (with_credit, without)]
+    assert mean_ttft[0] < 0.9 * mean_ttft[1]
+    # The credit never makes a copy look cheaper than a hit: at most the prefill it costs.
+    assert all(p.copy_credit <= p.prefill_work_seconds for _, p in with_credit)
+    assert all(p.copy_credit == 0.0 for _, p in without)
+
+
+def test_a_prefix_seen_once_is_no_reason_to_copy_it() -> None:
+    # Every question brings its own document: nothing is reused, nothing is credited.
+    picks = route_document_requests(True, documents=60, count=60)
+    assert all(p.copy_credit == 0.0 for _, p in picks)
+
+
+def test_prefix_rates_count_reuse_and_stay_bounded() -> None:
+    from epp.scheduling.plugins._prefix_rates import PrefixRates
+
+    rates = PrefixRates(10.0, capacity=4)
+    assert rates.hit(1, 0.0) == 0.0  # the first request is no evidence of reuse
+    rate = 0.0
+    for i in range(1, 11):  # 10 more in its first second: ~10/s, bias-corrected while young
+        rate = rates.hit(1, i * 0.1)
+    assert 8.0 < rate < 12.0
+    for i in range(1, 300):  # 2/s for a long while
+        rate = rates.hit(1, 1.0 + i * 0.5)
+    assert 1.8 < rate < 2.2
+    for key in range(2, 7):
+        rates.hit(key, 200.0)
+    assert len(rates) == 4 and rates.hit(1, 201.0) == 0.0  # the least recently seen went first

@@ -14,6 +14,10 @@ request's first token if it were sent there — a prediction, not a weighted sum
 - slot wait: p's batch is full (`maxNumSeqs`) and the request must wait for a running one to end;
   KV wait: p's KV cache cannot hold the prompt until running requests free blocks.
 
+Candidates are ranked on `cost`: the TTFT plus what the pick costs the requests after it (its
+decode's share of their steps, its prefill ahead of theirs, the prefix it evicts), less the copy
+credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests.
+
 The predictions land in `CycleState.predictions` for `latency-scorer`, `slo-headroom-tier-filter`,
 the decision trace, and the ledger entry request control books at the pick.
 
@@ -26,6 +30,8 @@ Parameters (all optional):
   `contextMsPerToken` (5.06e-5), `attentionMsPerPair` (1.89e-6): the prior step costs, an 8B model
   on one H100; each pod corrects them online.
 - `learn` (true): learn each pod's rates from what it answers.
+- `copyCredit` (true): value a new copy of a reused prefix on a pod without it (`_credit_copies`),
+  so a hot document or system prompt spreads to more pods once its holders are overloaded.
 
 ```yaml
 plugins:
@@ -48,6 +54,7 @@ from epp.datastore import Datastore, Endpoint, ModelStats, StepCosts
 from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
 from epp.params import Params
 from epp.scheduling.framework import CycleState, DataProducer, Plugin
+from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins._requires import unique_name
 from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from epp.scheduling.prediction import Prediction
@@ -66,7 +73,7 @@ class PredictedLatencyProducer(DataProducer):
     type = "predicted-latency-producer"
 
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
-                 prefix_producer_name: str = "", learn: bool = True) -> None:
+                 prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -77,6 +84,8 @@ class PredictedLatencyProducer(DataProducer):
         # requests a pod will receive while this one decodes there.
         self._rate = 0.0
         self._rate_at = 0.0
+        self.copy_credit = copy_credit
+        self._prefix_rates = PrefixRates(_RATE_WINDOW)
         datastore.subscribe(on_add=self._endpoint_added)
 
     @classmethod
@@ -96,8 +105,10 @@ class PredictedLatencyProducer(DataProducer):
             raise params.error("stepOverheadMs", "must be > 0")
         producer = params.str("prefixMatchInfoProducerName", "")
         learn = params.bool("learn", True)
+        copy_credit = params.bool("copyCredit", True)
         params.done()
-        return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn)
+        return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
+                   copy_credit=copy_credit)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -143,9 +154,11 @@ class PredictedLatencyProducer(DataProducer):
         now = self.datastore.clock()
         arrivals = self._arrival_rate(now) / max(1, len(endpoints))
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
+        found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model)
+        if match is not None and self.copy_credit:
+            self._credit_copies(endpoints, found, match, now)
         predictions = cycle.predictions
-        for ep, prediction in zip(endpoints, self.predict_all(endpoints, match, prompt, output, now, stats, source,
-                                                              arrivals, request.target_model)):
+        for ep, prediction in zip(endpoints, found):
             predictions[ep.address] = prediction
 
     def _arrival_rate(self, now: float) -> float:
@@ -154,6 +167,54 @@ class PredictedLatencyProducer(DataProducer):
         self._rate_at = now
         self._rate = self._rate * math.exp(-dt / _RATE_WINDOW) + 1.0 / _RATE_WINDOW
         return self._rate
+
+    def _credit_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch,
+                       now: float) -> None:
+        """Value a new copy of a reused prefix on the candidates that lack it.
+
+        Greedy on each request alone, a hot prefix stays on the pods that have it: the first
+        pod without it always looks a whole prefill dearer, so its holders fill until their queue
+        costs more than that prefill, and every request of the prefix waits that long. A copy is an
+        investment: while it is made (its premium, the prefill the holders would not need) the
+        prefix's requests keep arriving, and the share of them the new copy would take each gain
+        what the best holder costs beyond this candidate's cost with the prefix cached. That gain
+        is credited against the premium (never beyond it: a copy never looks cheaper than a hit).
+        So a copy is made when λ·s ≳ 1 — the holders' excess delay s, times the prefix's
+        arrivals per copy λ, is more than one request's worth of extra waiting (Little's law) —
+        and not for a cheap prefix or a holder that is merely a little busier.
+        """
+        matched, hashes = match.matched, match.hashes
+        if not matched or not hashes:
+            return
+        depth = max(matched.values())
+        if depth <= 0 or depth > len(hashes):
+            return
+        rate = self._prefix_rates.hit(hashes[depth - 1], now)
+        if rate <= 0.0:
+            return
+        holders = [p for ep, p in zip(endpoints, found) if matched.get(ep.address, 0) >= depth]
+        if not holders or len(holders) == len(found):
+            return
+        # The rates are this process's; other workers and replicas route the same prefix (their
+        # picks reach the shared ledger, so the pool's pick rate over this process's tells how much).
+        own_rate = self._rate
+        pool_rate = sum(ep.load.rate_at(now) for ep in endpoints)
+        if own_rate > 0.0 and pool_rate > own_rate:
+            rate *= pool_rate / own_rate
+        best = min(holders, key=lambda p: p.cost)
+        per_copy = rate / (len(holders) + 1)
+        for ep, p in zip(endpoints, found):
+            if matched.get(ep.address, 0) >= depth:
+                continue
+            premium = p.prefill_work_seconds - best.prefill_work_seconds
+            if premium <= 0.0:
+                continue
+            gain = best.cost - (p.cost - premium)
+            if gain <= 0.0:
+                continue
+            credit = min(premium, gain * per_copy * premium)
+            p.cost -= credit
+            p.copy_credit = credit
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
