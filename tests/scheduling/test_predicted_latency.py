@@ -282,3 +282,35 @@ def test_prefix_rates_count_reuse_and_stay_bounded() -> None:
     for key in range(2, 7):
         rates.hit(key, 200.0)
     assert len(rates) == 4 and rates.hit(1, 201.0) == 0.0  # the least recently seen went first
+
+
+def test_the_copy_credit_counts_the_prefix_traffic_other_workers_route() -> None:
+    """A worker sees only its share of a prefix's requests; the shared ledger's pick rates say
+    how much the pool routes, and the credit scales with it."""
+    from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
+    from epp.scheduling.prefix_match import PrefixMatch
+
+    def credits(pool_rate: float) -> list[float]:
+        store = pool()
+        producer = PredictedLatencyProducer(datastore=store)
+        endpoints = list(store.endpoints())
+        holder = endpoints[0].address
+        match = PrefixMatch(total=8, block_size_tokens=16, matched={holder: 8}, hashes=list(range(8)))
+        out = []
+        for i in range(3):
+            now = 100.0 + 1.0 * i
+            producer._arrival_rate(now)
+            for ep in endpoints:  # the pool's picks as the shared ledger shows them
+                ep.load.pick_rate, ep.load.rates_at = pool_rate / len(endpoints), now
+            found = [Prediction(0.5, 0.5, 0.0, 10, 118, 128, 10, 0.5, 0.0, 0.01, prefill_work_seconds=0.001)]
+            found += [Prediction(0.3, 0.3, 0.0, 128, 0, 128, 10, 0.3, 0.0, 0.01, prefill_work_seconds=0.2)
+                      for _ in endpoints[1:]]
+            producer._credit_copies(endpoints, found, match, now)
+            out.append(found[1].copy_credit)
+            assert found[0].copy_credit == 0.0  # the holder is never credited
+            assert all(p.copy_credit <= 0.2 - 0.001 + 1e-12 for p in found)  # at most the premium
+        return out
+
+    alone, with_others = credits(0.0), credits(1_000.0)
+    assert alone[0] == with_others[0] == 0.0  # a prefix's first request is no evidence of reuse
+    assert 0.0 < alone[1] < with_others[1]
