@@ -9,6 +9,9 @@ ledger hold?
 - `inference_extension_slo_ttft_total{outcome}`: requests with `x-slo-ttft-ms` that `met` or
   `missed` it (observed at the first streamed byte), or were `shed` because no pod was predicted
   to meet it.
+- `inference_extension_prefix_copies_total` and `inference_extension_prefix_copy_credit_seconds_total`:
+  picks that copied a reused prefix to a pod without it with a copy credit, and the credit they
+  were given (a hot prefix spreading to more pods; steadily rising, the pool is short of copies).
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
@@ -88,6 +91,12 @@ class LatencyMetrics:
                            "Requests with x-slo-ttft-ms, by outcome: met, missed (observed at the first "
                            "streamed byte), shed (no endpoint was predicted to meet it).",
                            ["outcome"], registry=registry)
+        self.copies = Counter("inference_extension_prefix_copies",
+                              "Picks that copied a reused prefix to an endpoint without it, credited for what "
+                              "the copy saves the prefix's next requests.", registry=registry)
+        self.copy_credit = Counter("inference_extension_prefix_copy_credit_seconds",
+                                   "Seconds of copy credit given to the picks that copied a reused prefix.",
+                                   registry=registry)
         registry.register(LedgerCollector(datastore))
 
     def ttft_predicted(self, predicted: float, observed: float) -> None:
@@ -98,3 +107,7 @@ class LatencyMetrics:
 
     def slo_outcome(self, outcome: str) -> None:
         self.slo.labels(outcome).inc()
+
+    def prefix_copied(self, credit_seconds: float) -> None:
+        self.copies.inc()
+        self.copy_credit.inc(credit_seconds)

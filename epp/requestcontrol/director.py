@@ -259,6 +259,8 @@ class Director:
             item.predicted_ttft = estimate.seconds
         if prediction is not None:
             load.add(item, now, prediction.work_seconds, prediction.prefill_work_seconds)
+            if prediction.copy_credit > 0.0 and self.metrics:
+                self.metrics.prefix_copied(request, prediction.copy_credit)
         else:
             load.add(item, now)
         return item

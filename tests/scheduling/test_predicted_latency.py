@@ -207,7 +207,7 @@ DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the app
 
 
 def route_document_requests(copy_credit: bool, documents: int = 1, count: int = 60,
-                            gap: float = 0.02) -> list[tuple[str, Prediction]]:
+                            gap: float = 0.02, metrics: object = None) -> list[tuple[str, Prediction]]:
     """Route `count` questions over `documents` shared documents, `gap` seconds apart, none
     ending: the chosen pod and its prediction, per request."""
     now = [100.0]
@@ -228,6 +228,8 @@ schedulingProfiles:
   plugins: [{{pluginRef: latency-scorer}}, {{pluginRef: max-score-picker}}]
 """
     core = build_core(store, config, tick=0.05, seed=1)
+    if metrics is not None:
+        core.director.metrics = metrics(store)  # type: ignore[operator]
     picks: list[tuple[str, Prediction]] = []
 
     async def run() -> None:
@@ -243,7 +245,15 @@ schedulingProfiles:
 
 
 def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
-    with_credit = route_document_requests(True)
+    from epp.observability.metrics import EppMetrics
+
+    made: list[EppMetrics] = []
+
+    def metrics(store: Datastore) -> EppMetrics:
+        made.append(EppMetrics(store))
+        return made[-1]
+
+    with_credit = route_document_requests(True, metrics=metrics)
     without = route_document_requests(False)
 
     def first_copy(picks: list[tuple[str, Prediction]]) -> int:
@@ -259,6 +269,12 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
     # The credit never makes a copy look cheaper than a hit: at most the prefill it costs.
     assert all(p.copy_credit <= p.prefill_work_seconds for _, p in with_credit)
     assert all(p.copy_credit == 0.0 for _, p in without)
+    # SREs see the copies being made, and the credit given for them.
+    registry = made[0].registry
+    copies = sum(1 for _, p in with_credit if p.copy_credit > 0.0)
+    assert registry.get_sample_value("inference_extension_prefix_copies_total") == copies > 0
+    assert registry.get_sample_value("inference_extension_prefix_copy_credit_seconds_total") == pytest.approx(
+        sum(p.copy_credit for _, p in with_credit))
 
 
 def test_a_prefix_seen_once_is_no_reason_to_copy_it() -> None:
