@@ -179,9 +179,11 @@ class PredictedLatencyProducer(DataProducer):
         prefix's requests keep arriving, and the share of them the new copy would take each gain
         what the best holder costs beyond this candidate's cost with the prefix cached. That gain
         is credited against the premium (never beyond it: a copy never looks cheaper than a hit).
-        So a copy is made when λ·s ≳ 1 — the holders' excess delay s, times the prefix's
-        arrivals per copy λ, is more than one request's worth of extra waiting (Little's law) —
-        and not for a cheap prefix or a holder that is merely a little busier.
+        So with s the best holder's excess over this candidate warm, λ the prefix's arrivals per
+        copy and P the premium, a copy is made when s > P / (1 + λ·P): as greedily as before
+        (s > P) for a prefix that is rarely reused, and for a hot one (λ·P ≫ 1) once λ·s > 1 —
+        the holders' excess delay is more than one request's worth of extra waiting (Little's
+        law) — not for a cheap prefix or a holder that is merely a little busier.
         """
         matched, hashes = match.matched, match.hashes
         if not matched or not hashes:
