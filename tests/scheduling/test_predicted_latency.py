@@ -13,9 +13,14 @@ from epp.api.response import Usage
 from epp.core import build_core
 from epp.datastore import Datastore, EndpointMetrics, EndpointSpec, Outstanding
 from epp.errors import EppError
+from epp.observability.metrics import EppMetrics
+from epp.observability.trace import DecisionRecord
 from epp.scheduling.framework import CycleState
+from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins.latency_scorer import LatencyScorer
+from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
 from epp.scheduling.prediction import Prediction
+from epp.scheduling.prefix_match import PrefixMatch
 
 PODS = 4
 
@@ -207,7 +212,8 @@ DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the app
 
 
 def route_document_requests(copy_credit: bool, documents: int = 1, count: int = 60,
-                            gap: float = 0.02, metrics: object = None) -> list[tuple[str, Prediction]]:
+                            gap: float = 0.02, metrics: object = None,
+                            results: list[object] | None = None) -> list[tuple[str, Prediction]]:
     """Route `count` questions over `documents` shared documents, `gap` seconds apart, none
     ending: the chosen pod and its prediction, per request."""
     now = [100.0]
@@ -239,21 +245,22 @@ schedulingProfiles:
             decision, _ = await core.director.handle_request(request(document + f" {i:07d}" * 300, max_tokens=200))
             address = decision.targets[0].address
             picks.append((address, decision.result.cycle.predictions[address]))
+            if results is not None:
+                results.append(decision.result)
 
     asyncio.run(run())
     return picks
 
 
 def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
-    from epp.observability.metrics import EppMetrics
-
     made: list[EppMetrics] = []
 
     def metrics(store: Datastore) -> EppMetrics:
         made.append(EppMetrics(store))
         return made[-1]
 
-    with_credit = route_document_requests(True, metrics=metrics)
+    results: list[object] = []
+    with_credit = route_document_requests(True, metrics=metrics, results=results)
     without = route_document_requests(False)
 
     def first_copy(picks: list[tuple[str, Prediction]]) -> int:
@@ -269,7 +276,12 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
     # The credit never makes a copy look cheaper than a hit: at most the prefill it costs.
     assert all(p.copy_credit <= p.prefill_work_seconds for _, p in with_credit)
     assert all(p.copy_credit == 0.0 for _, p in without)
-    # SREs see the copies being made, and the credit given for them.
+    # SREs see the copies being made, and the credit given for them: in the decision trace,
+    record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=results[copied])  # type: ignore[arg-type]
+    rows = {row["address"]: row for row in record.predictions()}
+    assert rows[address]["copy_credit_ms"] == round(chosen.copy_credit * 1e3, 2) > 0
+    assert f"copy={chosen.copy_credit * 1e3:.1f}ms" in chosen.compact()
+    # and in the metrics.
     registry = made[0].registry
     copies = sum(1 for _, p in with_credit if p.copy_credit > 0.0)
     assert registry.get_sample_value("inference_extension_prefix_copies_total") == copies > 0
@@ -284,8 +296,6 @@ def test_a_prefix_seen_once_is_no_reason_to_copy_it() -> None:
 
 
 def test_prefix_rates_count_reuse_and_stay_bounded() -> None:
-    from epp.scheduling.plugins._prefix_rates import PrefixRates
-
     rates = PrefixRates(10.0, capacity=4)
     assert rates.hit(1, 0.0) == 0.0  # the first request is no evidence of reuse
     rate = 0.0
@@ -303,9 +313,6 @@ def test_prefix_rates_count_reuse_and_stay_bounded() -> None:
 def test_the_copy_credit_counts_the_prefix_traffic_other_workers_route() -> None:
     """A worker sees only its share of a prefix's requests; the shared ledger's pick rates say
     how much the pool routes, and the credit scales with it."""
-    from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
-    from epp.scheduling.prefix_match import PrefixMatch
-
     def credits(pool_rate: float) -> list[float]:
         store = pool()
         producer = PredictedLatencyProducer(datastore=store)
