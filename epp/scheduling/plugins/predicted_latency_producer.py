@@ -194,7 +194,8 @@ class PredictedLatencyProducer(DataProducer):
         rate = self._prefix_rates.hit(hashes[depth - 1], now)
         if rate <= 0.0:
             return
-        holders = [p for ep, p in zip(endpoints, found) if matched.get(ep.address, 0) >= depth]
+        held = [matched.get(ep.address, 0) >= depth for ep in endpoints]
+        holders = [p for p, has in zip(found, held) if has]
         if not holders or len(holders) == len(found):
             return
         # The rates are this process's; other workers and replicas route the same prefix (their
@@ -205,8 +206,8 @@ class PredictedLatencyProducer(DataProducer):
             rate *= pool_rate / own_rate
         best = min(holders, key=lambda p: p.cost)
         per_copy = rate / (len(holders) + 1)
-        for ep, p in zip(endpoints, found):
-            if matched.get(ep.address, 0) >= depth:
+        for p, has in zip(found, held):
+            if has:
                 continue
             premium = p.prefill_work_seconds - best.prefill_work_seconds
             if premium <= 0.0:
