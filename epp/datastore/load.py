@@ -29,6 +29,7 @@ _OVERDUE_FACTOR = 3.0  # a streamed first byte this many predicted TTFTs late is
 _OVERDUE_MIN = 2.0  # seconds
 _LATE_FACTOR = 0.5  # a first byte this share of its prefill's time late makes its request "late"
 _LATE_MIN = 0.02  # seconds
+_STALLED_MAX = 256  # stalled requests remembered per endpoint (the oldest matter)
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
 
 
@@ -51,6 +52,7 @@ class Outstanding:
     first_token: float = -1.0  # clock time of the first streamed byte (-1: not seen)
     prefilled: bool = False  # past prefill (observed, or expected)
     released: bool = False
+    stalled: bool = False  # taken as past prefill for being overdue, its first byte still not seen
     # Endpoint integrals at the first byte, for the mean batch its decode saw.
     mark_time: float = 0.0
     mark_decode_integral: float = 0.0
@@ -93,6 +95,10 @@ class EndpointLoad:
     """Outstanding work on one endpoint, as the EPP's own picks account it."""
 
     pending: deque[Outstanding] = field(default_factory=deque)  # prefill not over, in pick order
+    # Streamed requests moved out of `pending` for being overdue whose first byte has not come
+    # (oldest first; entries that since saw it or ended are dropped lazily): the evidence that
+    # the pod is far behind what the timeline says, e.g. stuck waiting for KV blocks.
+    stalled: deque[Outstanding] = field(default_factory=deque)
     settled_at: float = 0.0  # clock time the integrals refer to
     prefill_backlog: int = 0  # Σ prefill_tokens of `pending`
     prefill_pairs: float = 0.0  # Σ attention_pairs of `pending`
@@ -147,6 +153,11 @@ class EndpointLoad:
         ones after it shift by how late (or early) it was."""
         self.settle(now)
         item.first_token = now
+        item.stalled = False
+        # The pod serves in pick order: the stalled requests picked before this one are moving.
+        stalled = self.stalled
+        while stalled and stalled[0].dispatched <= item.dispatched:
+            stalled.popleft().stalled = False
         if item.prefilled or item.released:
             return
         late = now - item.expected_done
@@ -175,6 +186,7 @@ class EndpointLoad:
             self.context_tokens -= item.mean_context
             self.decode_output -= item.output_tokens
         item.released = True
+        item.stalled = False
         self.footprint_tokens -= item.footprint_tokens
         self.requests -= 1
         if item.model:
@@ -193,7 +205,26 @@ class EndpointLoad:
             self.context_integral += self.context_tokens * dt
         pending = self.pending
         while pending and self._over(pending[0], now):
-            self._to_decode(pending.popleft())
+            item = pending.popleft()
+            self._to_decode(item)
+            if item.streamed and item.first_token < 0.0:
+                item.stalled = True
+                self.stalled.append(item)
+                if len(self.stalled) > _STALLED_MAX:
+                    self.stalled.popleft().stalled = False
+
+    def lateness(self, now: float) -> float:
+        """Seconds the pod is behind the ledger's timeline: how late the oldest stalled request's
+        first byte is. A request picked now queues behind it, so it is at least that late too."""
+        stalled = self.stalled
+        while stalled and not stalled[0].stalled:
+            stalled.popleft()
+        if stalled:
+            return max(0.0, now - stalled[0].expected_done)
+        head = self.pending[0] if self.pending else None  # overdue, not yet settled
+        if head is not None and head.streamed and self._over(head, now):
+            return now - head.expected_done
+        return 0.0
 
     @staticmethod
     def _over(item: Outstanding, now: float) -> bool:

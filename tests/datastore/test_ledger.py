@@ -131,3 +131,36 @@ def test_a_request_well_past_its_predicted_first_token_counts_whole_as_late() ->
     assert load.late_prefill(0.5) == 1000  # ...but no first byte came: a gate counts it whole
     load.first_byte(a, 0.5)
     assert load.late_prefill(0.6) == 0
+
+
+def test_a_stalled_request_says_how_far_behind_the_pod_is_until_the_pod_moves() -> None:
+    """A streamed request long past its first token (a pod stuck waiting for KV blocks, say)
+    leaves the prefill queue so nothing wedges, but is remembered as stalled: the pod is that far
+    behind the timeline, and a later request's first byte or its own end says it moves again."""
+    load = EndpointLoad()
+    a, b = item(ttft=0.1, at=0.0), item(ttft=0.1, at=0.5)
+    load.add(a, 0.0)
+    assert load.lateness(1.0) == 0.0  # late, not yet overdue
+    assert load.lateness(3.0) == pytest.approx(2.9)  # overdue, read before any write
+    load.add(b, 3.0)  # a write settles: a leaves the queue as stalled
+    assert a.prefilled and a.stalled and list(load.stalled) == [a]
+    assert load.lateness(10.0) == pytest.approx(9.9)  # growing while nothing comes
+    load.first_byte(b, 10.0)  # picked after it, served: the pod moves
+    assert not a.stalled and load.lateness(10.0) == 0.0
+    c = item(ttft=0.1, at=20.0)
+    load.add(c, 20.0)
+    load.settle(25.0)
+    assert c.stalled and load.lateness(25.0) > 4.0
+    load.release(c, 26.0)  # ended without a first byte: nothing stalls any more
+    assert load.lateness(30.0) == 0.0
+    load.release(a, 30.0)
+    load.release(b, 30.0)
+    assert_empty(load)
+
+
+def test_stalled_requests_remembered_are_bounded() -> None:
+    load = EndpointLoad()
+    for i in range(1000):
+        load.add(item(ttft=0.01, at=float(i) * 1e-3), float(i) * 1e-3)
+    load.settle(100.0)
+    assert len(load.stalled) <= 256 and load.lateness(100.0) > 0.0

@@ -331,9 +331,29 @@ def test_the_copy_credit_counts_the_prefix_traffic_other_workers_route() -> None
             producer._credit_copies(endpoints, found, match, now)
             out.append(found[1].copy_credit)
             assert found[0].copy_credit == 0.0  # the holder is never credited
-            assert all(p.copy_credit <= 0.2 - 0.001 + 1e-12 for p in found)  # at most the premium
+            # at most the premium: the candidate's prefill of the prefix, at its own speed
+            premium = 0.2 - producer._own_prefill_seconds(endpoints[1], 10, 118)
+            assert all(p.copy_credit <= premium + 1e-12 for p in found)
         return out
 
     alone, with_others = credits(0.0), credits(1_000.0)
     assert alone[0] == with_others[0] == 0.0  # a prefix's first request is no evidence of reuse
     assert 0.0 < alone[1] < with_others[1]
+
+
+def test_a_pod_whose_requests_stall_is_predicted_as_late_as_they_are() -> None:
+    """The ledger's timeline says a pod's queue is long done, yet its requests have had no first
+    byte for seconds (stuck on KV blocks): the prediction adds how late they are, so new requests
+    go elsewhere — once the pod has ever answered (else a missing first byte tells nothing)."""
+    store = pool()
+    stuck = store.endpoints()[0]
+    stuck.load.add(Outstanding(500, 0, 100, 80.0, predicted_ttft=0.1), 80.0)
+    before = predictions(store, request("x" * 400))
+    assert before[stuck.address].wait_seconds == 0.0  # never answered: no evidence
+    for ep in store.endpoints():
+        ep.service.observations = 5
+    after = predictions(store, request("x" * 400))
+    assert after[stuck.address].wait_seconds == pytest.approx(100.0 - 80.1)
+    assert after[stuck.address].ttft > 19.0
+    others = [p.ttft for address, p in after.items() if address != stuck.address]
+    assert max(others) < 1.0

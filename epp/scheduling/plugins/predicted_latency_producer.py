@@ -206,10 +206,13 @@ class PredictedLatencyProducer(DataProducer):
             rate *= pool_rate / own_rate
         best = min(holders, key=lambda p: p.cost)
         per_copy = rate / (len(holders) + 1)
-        for p, has in zip(found, held):
+        suffix, cached = best.own_prefill, best.cached_tokens
+        for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
-            premium = p.prefill_work_seconds - best.prefill_work_seconds
+            # The premium: the prefill of the prefix this candidate would not need if it held it,
+            # at its own speed (a holder on a slower GPU would make it look smaller than it is).
+            premium = p.prefill_work_seconds - self._own_prefill_seconds(ep, suffix, cached)
             if premium <= 0.0:
                 continue
             gain = best.cost - (p.cost - premium)
@@ -218,6 +221,13 @@ class PredictedLatencyProducer(DataProducer):
             credit = min(premium, gain * per_copy * premium)
             p.cost -= credit
             p.copy_credit = credit
+
+    @staticmethod
+    def _own_prefill_seconds(ep: Endpoint, own: int, cached: int) -> float:
+        """Pod time to prefill `own` prompt tokens after `cached` cached ones (as `Prediction.prefill_work_seconds`)."""
+        prior = ep.service.prior
+        return ep.service.prefill_scale * (prior.per_prefill_token * own
+                                           + prior.per_attention_pair * own * (cached + own * 0.5))
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
@@ -315,6 +325,8 @@ class PredictedLatencyProducer(DataProducer):
                            + own_seconds * u_prefill / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
+            if (load.stalled or load.pending) and service.observations:
+                wait += load.lateness(now)
             ttft = prefill_seconds + wait
             append(Prediction(ttft, ttft + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
@@ -350,6 +362,11 @@ class PredictedLatencyProducer(DataProducer):
         wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
         wait += self._kv_wait(ep, own, decoding, context, ending_output)
         wait += self._adapter_wait(ep, model, decoding, context, mean_output)
+        # Requests that should have had their first token long ago and still have not: the pod
+        # is that far behind what the ledger's timeline says (stuck on KV, say), and this one
+        # would queue behind them.
+        if service.observations:  # (without first bytes from it, a stalled one tells nothing)
+            wait += ep.load.lateness(now)
         step = service.step_seconds(decoding + 1.0, context + prompt)
         itl = step + service.prefill_scale * prior.per_prefill_token * min(queued, prior.max_batched_tokens)
         # What the pick costs the requests that reach the pod after it, in seconds of their TTFT.
