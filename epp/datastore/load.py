@@ -212,15 +212,16 @@ class EndpointLoad:
                 self.stalled.append(item)
                 if len(self.stalled) > _STALLED_MAX:
                     self.stalled.popleft().stalled = False
+        stalled = self.stalled
+        while stalled and not stalled[0].stalled:
+            stalled.popleft()
 
     def lateness(self, now: float) -> float:
         """Seconds the pod is behind the ledger's timeline: how late the oldest stalled request's
         first byte is. A request picked now queues behind it, so it is at least that late too."""
-        stalled = self.stalled
-        while stalled and not stalled[0].stalled:
-            stalled.popleft()
-        if stalled:
-            return max(0.0, now - stalled[0].expected_done)
+        for item in self.stalled:  # (a read: the writes drop the entries no longer stalled)
+            if item.stalled:
+                return max(0.0, now - item.expected_done)
         head = self.pending[0] if self.pending else None  # overdue, not yet settled
         if head is not None and head.streamed and self._over(head, now):
             return now - head.expected_done

@@ -131,6 +131,11 @@ class PoolCollector(Collector):
                                      "An endpoint whose metrics do not move is polled less often, so its age grows "
                                      "up to its inference_pool_endpoint_scrape_interval_seconds.",
                                      labels=labels),
+            "stalled": GaugeMetricFamily("inference_pool_endpoint_stalled_seconds",
+                                         "How far past its predicted first token the oldest stalled request this EPP "
+                                         "sent to the endpoint is (0: none; stalled: a streamed request long overdue, "
+                                         "e.g. on a pod stuck preempting for KV blocks). The predicted-latency "
+                                         "scheduler adds it to the endpoint's predicted TTFT.", labels=labels),
             "up": GaugeMetricFamily("inference_pool_endpoint_scrape_up",
                                     "1 when the endpoint's last metrics scrape succeeded, else 0 (failed, or held "
                                     "values out of bounds).", labels=labels),
@@ -144,6 +149,7 @@ class PoolCollector(Collector):
             families["itl"].add_metric(key, m.inter_token_latency)
             families["inflight"].add_metric(key, float(ep.inflight_requests))
             families["age"].add_metric(key, now - m.update_time if m.update_time > 0 else -1.0)
+            families["stalled"].add_metric(key, ep.load.lateness(now))
             families["up"].add_metric(key, 0.0 if ep.scrape_error or m.update_time <= 0 else 1.0)
         yield from families.values()
 

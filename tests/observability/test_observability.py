@@ -57,6 +57,7 @@ async def test_metrics_after_traffic_through_envoy() -> None:
     ages = [s.value for s in fams["inference_pool_endpoint_metrics_age_seconds"].samples]
     assert len(ages) == 2 and all(0 <= a < 2 for a in ages)
     assert all(s.value == 1 for s in fams["inference_pool_endpoint_scrape_up"].samples)
+    assert [s.value for s in fams["inference_pool_endpoint_stalled_seconds"].samples] == [0.0, 0.0]
     assert "inference_extension_flow_control_pool_saturation" in fams
     hit = [s for s in fams["inference_extension_prefix_indexer_hit_ratio"].samples if s.name.endswith("_count")]
     assert hit[0].value == 6
