@@ -135,7 +135,8 @@ class PoolCollector(Collector):
                                          "How far past its predicted first token the oldest stalled request this EPP "
                                          "sent to the endpoint is (0: none; stalled: a streamed request long overdue, "
                                          "e.g. on a pod stuck preempting for KV blocks). The predicted-latency "
-                                         "scheduler adds it to the endpoint's predicted TTFT.", labels=labels),
+                                         "scheduler adds it to the endpoint's predicted TTFT once the endpoint has "
+                                         "sent any first byte.", labels=labels),
             "up": GaugeMetricFamily("inference_pool_endpoint_scrape_up",
                                     "1 when the endpoint's last metrics scrape succeeded, else 0 (failed, or held "
                                     "values out of bounds).", labels=labels),

@@ -380,8 +380,7 @@ class PredictedLatencyProducer(DataProducer):
         # prefill is (u_prefill: prefill seconds per second) — not by its decode load: decodes
         # share each step with a prefill chunk and hold no prefill up.
         share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
-        own_seconds = service.prefill_scale * (prior.per_prefill_token * own
-                                               + prior.per_attention_pair * own * (cached + own * 0.5))
+        own_seconds = self._own_prefill_seconds(ep, own, cached)
         work = own_seconds + output * share
         u = min(_MAX_UTILIZATION, load.utilization_at(now))
         u_prefill = min(_MAX_UTILIZATION, load.prefill_utilization_at(now))
