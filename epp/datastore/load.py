@@ -279,6 +279,19 @@ class EndpointLoad:
             late += item.prefill_tokens
         return late
 
+    def prefilling_at(self, now: float) -> int:
+        """Requests still waiting for their first token at `now`: a new prompt's prefill chunk
+        joins their step and delays it. A streamed one waits until its first byte says otherwise
+        (a pod behind its timeline has not prefilled it, whatever the timeline says); one that is
+        not streamed, until the timeline says its prefill is over."""
+        count = len(self.pending)
+        for item in self.pending:  # the ones past their expected end are at the head
+            if item.expected_done > now:
+                break
+            if not item.streamed:
+                count -= 1
+        return count
+
     def backlog_below_at(self, tokens: float, now: float) -> float:
         """The earliest time (≥ `now`) the timeline says `backlog_at` drops below `tokens`
         (`inf`: not before it runs out of requests, e.g. `tokens` ≤ 0)."""

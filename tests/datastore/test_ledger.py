@@ -32,6 +32,12 @@ def test_prefill_queue_is_a_timeline_in_pick_order() -> None:
     assert load.backlog_at(0.1) == pytest.approx(500 + 200)  # the head is half done
     assert load.backlog_at(0.25) == pytest.approx(100)  # a done, b half done
     assert load.backlog_at(1.0) == 0.0
+    # how many still wait for a first token (a new prompt's chunk would join their step): a
+    # streamed one until its first byte, one that is not until the timeline says it is done
+    assert [load.prefilling_at(t) for t in (0.1, 0.25, 1.0)] == [2, 2, 2]
+    a.streamed = False
+    assert [load.prefilling_at(t) for t in (0.1, 0.25, 1.0)] == [2, 1, 1]
+    a.streamed = True
     assert load.prefill_backlog == 1200 and len(load.pending) == 2  # reading changed nothing
 
 

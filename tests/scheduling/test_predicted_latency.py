@@ -195,8 +195,11 @@ def test_a_prefill_is_charged_for_the_prefills_it_holds_up_not_for_the_decodes_b
     decode_busy, prefill_busy = store.endpoints()[1], store.endpoints()[2]
     # The same pod-seconds of work lately sent to each (rates at 100.0, no decay): all decode on
     # one, mostly prefill on the other.
-    decode_busy.load.add(Outstanding(100, 0, 100, 100.0), 100.0, work_seconds=8.0, prefill_seconds=0.0)
-    prefill_busy.load.add(Outstanding(100, 0, 100, 100.0), 100.0, work_seconds=8.0, prefill_seconds=7.0)
+    # one decoding request each: what runs there now is the same, only the recent work differs.
+    for ep, prefill_seconds in ((decode_busy, 0.0), (prefill_busy, 7.0)):
+        item = Outstanding(100, 0, 100, 100.0)
+        ep.load.add(item, 100.0, work_seconds=8.0, prefill_seconds=prefill_seconds)
+        ep.load.first_byte(item, 100.0)
     assert decode_busy.load.utilization_at(100.0) == prefill_busy.load.utilization_at(100.0) == pytest.approx(0.8)
     assert prefill_busy.load.prefill_utilization_at(100.0) == pytest.approx(0.7)
     assert decode_busy.load.prefill_utilization_at(100.0) == 0.0
@@ -212,10 +215,10 @@ DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the app
 
 
 def route_document_requests(copy_credit: bool, documents: int = 1, count: int = 60,
-                            gap: float = 0.02, metrics: object = None,
-                            results: list[object] | None = None) -> list[tuple[str, Prediction]]:
+                            gap: float = 0.02, metrics: object = None, results: list[object] | None = None,
+                            first_gap: float | None = None) -> list[tuple[str, Prediction]]:
     """Route `count` questions over `documents` shared documents, `gap` seconds apart, none
-    ending: the chosen pod and its prediction, per request."""
+    ending (each first byte comes when predicted): the chosen pod and its prediction, per request."""
     now = [100.0]
     store = Datastore(clock=lambda: now[0])
     for i in range(PODS):
@@ -237,19 +240,51 @@ schedulingProfiles:
     if metrics is not None:
         core.director.metrics = metrics(store)  # type: ignore[operator]
     picks: list[tuple[str, Prediction]] = []
+    first_bytes: list[tuple[float, object]] = []
 
     async def run() -> None:
         for i in range(count):
-            now[0] += gap
+            arrival = now[0] + (first_gap if i == 1 and first_gap is not None else gap)
+            for due, record in sorted((f for f in first_bytes if f[0] <= arrival), key=lambda f: f[0]):
+                now[0] = due
+                core.director.first_byte(record)  # type: ignore[arg-type]
+                first_bytes.remove((due, record))
+            now[0] = arrival
             document = chr(ord("a") + i % documents) * DOC_CHARS
-            decision, _ = await core.director.handle_request(request(document + f" {i:07d}" * 300, max_tokens=200))
+            decision, record = await core.director.handle_request(request(document + f" {i:07d}" * 300,
+                                                                          max_tokens=200))
             address = decision.targets[0].address
             picks.append((address, decision.result.cycle.predictions[address]))
+            first_bytes.append((now[0] + picks[-1][1].ttft, record))
             if results is not None:
                 results.append(decision.result)
 
     asyncio.run(run())
     return picks
+
+
+def test_a_prompt_is_charged_for_the_first_tokens_it_delays_in_the_step_it_joins() -> None:
+    """vLLM packs the waiting prefills into one step, first come first served: a long prompt sent
+    to a pod whose queued short prompts fit in one step fills the rest of that step with its
+    chunk, and each of them gets its first token that much later. The first version saw only
+    this request's own TTFT, so it put long prompts beside short ones and the short ones' TTFT
+    tail was 1.1x the oracle's on the head-of-line workload."""
+    store = pool()
+    last = {}
+    for index, short in ((1, 3), (2, 1)):
+        for _ in range(short):
+            last[index] = Outstanding(100, 0, 1, 100.0, predicted_ttft=0.05)
+            store.endpoints()[index].load.add(last[index], 100.0)
+    p = predictions(store, request("x" * 8000, max_tokens=1))  # ~2k tokens, in the same step
+    idle, three, one = p["10.0.0.1:8000"], p["10.0.0.2:8000"], p["10.0.0.3:8000"]
+    extra = lambda q: q.cost - q.ttft  # noqa: E731 - what the pick costs others
+    assert extra(three) - extra(idle) == pytest.approx(3 * (extra(one) - extra(idle)), rel=0.05)
+    assert extra(one) - extra(idle) > 0.5 * one.prefill_work_seconds  # the chunk is its whole prefill
+    # Once their first tokens are out, it holds nobody up.
+    for index, item in last.items():
+        store.endpoints()[index].load.first_byte(item, 100.05)
+    p = predictions(store, request("x" * 8000, max_tokens=1))
+    assert extra(p["10.0.0.2:8000"]) == pytest.approx(extra(p["10.0.0.1:8000"]), abs=1e-3)
 
 
 def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
@@ -259,9 +294,12 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
         made.append(EppMetrics(store))
         return made[-1]
 
+    # The document's first question alone (its ~80 ms prefill is over before the next), then one
+    # every 25 ms: a hit's prefill takes about that, and the decodes pile up (none end), so its
+    # holder falls behind until copying the document elsewhere pays.
     results: list[object] = []
-    with_credit = route_document_requests(True, metrics=metrics, results=results)
-    without = route_document_requests(False)
+    with_credit = route_document_requests(True, gap=0.025, first_gap=0.1, metrics=metrics, results=results)
+    without = route_document_requests(False, gap=0.025, first_gap=0.1)
 
     def first_copy(picks: list[tuple[str, Prediction]]) -> int:
         return next((i for i, (address, _) in enumerate(picks) if address != picks[0][0]), len(picks))

@@ -325,6 +325,8 @@ class PredictedLatencyProducer(DataProducer):
                            + own_seconds * u_prefill / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
+            if load.pending and queued < budget:
+                externality += load.prefilling_at(now) * (prefill_scale * per_prefill * min(own, budget - queued))
             if (load.stalled or load.pending) and service.observations:
                 wait += load.lateness(now)
             ttft = prefill_seconds + wait
@@ -395,6 +397,12 @@ class PredictedLatencyProducer(DataProducer):
         evicted = match.evicted_tokens.get(ep.address, 0) if match is not None else 0
         if evicted:
             externality += service.prefill_scale * prior.per_prefill_token * evicted
+        # vLLM packs the waiting prefills into one step, first come first served: when what is
+        # queued fits in the next step, this prompt fills the rest of it with a chunk, and each
+        # request still prefilling there gets its first token that chunk's time later.
+        if load.pending and queued < budget:
+            chunk_seconds = service.prefill_scale * prior.per_prefill_token * min(own, budget - queued)
+            externality += load.prefilling_at(now) * chunk_seconds
         ttft = estimate.seconds + wait
         return Prediction(
             ttft=ttft,
