@@ -15,7 +15,8 @@ request's first token if it were sent there — a prediction, not a weighted sum
   KV wait: p's KV cache cannot hold the prompt until running requests free blocks.
 
 Candidates are ranked on `cost`: the TTFT plus what the pick costs the requests after it (its
-decode's share of their steps, its prefill ahead of theirs, the prefix it evicts), less the copy
+decode's share of their steps, its prefill ahead of theirs, its chunk in the step of the prefills
+still waiting there for a first token, the prefix it evicts), less the copy
 credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests.
 
 The predictions land in `CycleState.predictions` for `latency-scorer`, `slo-headroom-tier-filter`,
