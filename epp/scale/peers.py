@@ -148,6 +148,7 @@ class SharedLoad:
         load.footprint_tokens += round(delta[t.FOOTPRINT])
         load.requests += round(delta[t.REQUESTS])
         load.decode_output += round(delta[t.DECODE_OUTPUT])
+        load.peer_pending = round(peers[t.PENDING])  # (their queues themselves stay theirs)
         # Rates: bring own and folded parts to `now`, then swap the folded part for the new one.
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
         pick, work, prefill = load.rate_at(now), load.utilization_at(now), load.prefill_utilization_at(now)

@@ -17,8 +17,8 @@ def item(prompt: int = 1000, cached: int = 0, output: int = 100, at: float = 0.0
 
 def assert_empty(load: EndpointLoad) -> None:
     assert not load.pending
-    assert (load.requests, load.decoding, load.prefill_backlog, load.context_tokens, load.footprint_tokens) == (
-        0, 0, 0, 0, 0)
+    assert (load.requests, load.decoding, load.prefill_backlog, load.context_tokens, load.footprint_tokens,
+            load.buffered) == (0, 0, 0, 0, 0, 0)
     assert load.prefill_pairs == pytest.approx(0.0, abs=1e-6)
 
 
@@ -35,9 +35,10 @@ def test_prefill_queue_is_a_timeline_in_pick_order() -> None:
     # how many still wait for a first token (a new prompt's chunk would join their step): a
     # streamed one until its first byte, one that is not until the timeline says it is done
     assert [load.prefilling_at(t) for t in (0.1, 0.25, 1.0)] == [2, 2, 2]
-    a.streamed = False
-    assert [load.prefilling_at(t) for t in (0.1, 0.25, 1.0)] == [2, 1, 1]
-    a.streamed = True
+    buffered = EndpointLoad()
+    buffered.add(item(1000, ttft=0.2, streamed=False), 0.0)
+    buffered.add(item(500, cached=300, ttft=0.3), 0.0)
+    assert [buffered.prefilling_at(t) for t in (0.1, 0.25, 1.0)] == [2, 1, 1]
     assert load.prefill_backlog == 1200 and len(load.pending) == 2  # reading changed nothing
 
 
@@ -91,6 +92,7 @@ def test_every_counter_returns_to_zero_whatever_the_order_of_events() -> None:
         assert load.requests == len(items) >= 0
         assert load.decoding + len(load.pending) == load.requests
         assert load.prefill_backlog >= 0 and load.context_tokens >= 0 and load.footprint_tokens >= 0
+        assert load.buffered == sum(1 for x in load.pending if not x.streamed)
     for x in items:
         load.release(x, now + 1.0)
     assert_empty(load)

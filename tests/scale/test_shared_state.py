@@ -161,10 +161,15 @@ def test_ledger_sums_add_up_and_own_part_stays_exact(layout: PodLayout) -> None:
         assert sum(ep.load.requests for ep in core.datastore.endpoints()) == 2
     own_a = link_a.load.own(rec_a.endpoint.address)
     assert own_a is not None and own_a[t.REQUESTS] == 1 and own_a[t.PENDING] == 1
+    # A's request still waits for its first token on its pod, as B's worker sees it (a prompt
+    # B sends there joins its step); B's own queue stays B's alone.
+    on_a = next(ep for ep in core_b.datastore.endpoints() if ep.address == rec_a.endpoint.address)
+    assert on_a.load.peer_pending == 1 and on_a.load.prefilling_at(clock.now) == len(on_a.load.pending) + 1
     clock.now += 0.5
     core_a.director.first_byte(rec_a)  # A's request is past prefill: B sees one decoding
     link_b.refresh()
     assert sum(ep.load.decoding for ep in core_b.datastore.endpoints()) >= 1
+    assert on_a.load.peer_pending == 0
     core_a.director.release(rec_a)
     core_b.director.release(rec_b)
     for link, core in ((link_a, core_a), (link_b, core_b)):

@@ -326,7 +326,7 @@ class PredictedLatencyProducer(DataProducer):
                            + own_seconds * u_prefill / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
-            if load.pending and queued < budget:
+            if (load.pending or load.peer_pending) and queued < budget:
                 externality += load.prefilling_at(now) * (prefill_scale * per_prefill * min(own, budget - queued))
             if (load.stalled or load.pending) and service.observations:
                 wait += load.lateness(now)
@@ -401,7 +401,7 @@ class PredictedLatencyProducer(DataProducer):
         # vLLM packs the waiting prefills into one step, first come first served: when what is
         # queued fits in the next step, this prompt fills the rest of it with a chunk, and each
         # request still prefilling there gets its first token that chunk's time later.
-        if load.pending and queued < budget:
+        if (load.pending or load.peer_pending) and queued < budget:
             chunk_seconds = service.prefill_scale * prior.per_prefill_token * min(own, budget - queued)
             externality += load.prefilling_at(now) * chunk_seconds
         ttft = estimate.seconds + wait
