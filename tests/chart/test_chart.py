@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from epp.config.defaults import DEFAULT_PRESET, PRESETS
 from epp.config.loader import load_config
 from epp.config.options import Options, add_serve_arguments, options_from_args
 from epp.datastore import Datastore
@@ -270,7 +271,10 @@ def test_custom_values_render_through(rendered: tuple[str, list[dict[str, Any]]]
     ({"provider": {"name": "aws"}}, "provider"),
     ({"inferencePool": {"modelServerType": "llamacpp"}}, "modelServerType"),
     ({"inferenceExtension": {"failureMode": "Sometimes"}}, "failureMode"),
-], ids=["no-selector", "missing-config-file", "unknown-provider", "unknown-engine", "bad-failure-mode"])
+    ({"inferenceExtension": {"profile": "fastest"}}, "/inferenceExtension/profile"),  # the values schema
+    ({"inferenceExtension": {"profile": "weighted", "maxNumSeqs": 8}}, "inferenceExtension.maxNumSeqs"),
+], ids=["no-selector", "missing-config-file", "unknown-provider", "unknown-engine", "bad-failure-mode",
+        "unknown-profile", "max-num-seqs-without-prediction"])
 def test_bad_values_fail_with_a_clear_message(helm: str, tmp_path: Path, values: dict[str, Any], message: str) -> None:
     result = run_helm(helm, "template", "r1", str(CHART), *value_args(values, tmp_path))
     assert result.returncode != 0
@@ -286,3 +290,28 @@ def test_a_tgi_pool_gets_the_tgi_engine(helm: str, tmp_path: Path) -> None:
     assert extractor["parameters"]["defaultEngine"] == "tgi"
     assert load_config(text, Datastore()).extractor.default_engine == "tgi"  # type: ignore[union-attr]
     assert one(docs, "InferencePool")["spec"]["targetPorts"] == [{"number": 80}]
+
+
+def default_plugins(docs: list[dict[str, Any]]) -> str:
+    [configmap] = [c for c in by_kind(docs, "ConfigMap") if not c["metadata"]["name"].endswith("-dashboard")]
+    return str(configmap["data"]["default-plugins.yaml"])
+
+
+@pytest.mark.parametrize("profile", sorted(PRESETS))
+def test_the_chart_renders_the_epps_own_profiles(helm: str, tmp_path: Path, profile: str) -> None:
+    """A Helm install gets what `epp serve` without a config runs (predicted latency), not the
+    weighted sum it replaced; the other presets are one value away."""
+    values = None if profile == DEFAULT_PRESET else {"inferenceExtension": {"profile": profile}}
+    text = default_plugins(render(helm, tmp_path, values))
+    rendered = yaml.safe_load(text)
+    extractor = next(p for p in rendered["plugins"] if p["type"] == "core-metrics-extractor")
+    assert extractor.pop("parameters") == {"defaultEngine": "vllm"}  # the pool's engine, added by the chart
+    assert rendered == yaml.safe_load(PRESETS[profile])
+    load_config(text, Datastore())
+
+
+def test_the_servers_max_num_seqs_reaches_the_slot_wait(helm: str, tmp_path: Path) -> None:
+    text = default_plugins(render(helm, tmp_path, {"inferenceExtension": {"maxNumSeqs": 8}}))
+    producer = next(p for p in yaml.safe_load(text)["plugins"] if p["type"] == "predicted-latency-producer")
+    assert producer["parameters"] == {"maxNumSeqs": 8}
+    assert load_config(text, Datastore()).plugins["predicted-latency-producer"].prior.max_num_seqs == 8

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from epp.config.defaults import DEFAULT_CONFIG
 from epp.config.loader import load_config
 from epp.config.options import add_serve_arguments, options_from_args
 from epp.datastore import Datastore
@@ -100,6 +101,7 @@ def test_gateway_example_is_consistent() -> None:
     config = one(docs, "ConfigMap", "vllm-epp")
     assert options.config_file.removeprefix("/config/") in config["data"]
     load_config(config["data"]["plugins.yaml"], Datastore())
+    assert yaml.safe_load(config["data"]["plugins.yaml"]) == yaml.safe_load(DEFAULT_CONFIG)  # what a Helm install runs
     rbac = {d["metadata"]["name"] for d in load(MANIFESTS / "rbac.yaml") if d["kind"] == "ServiceAccount"}
     assert epp["spec"]["template"]["spec"]["serviceAccountName"] in rbac
 

@@ -49,7 +49,8 @@ def test_central_mode(helm: str, tmp_path: Path) -> None:
     config = loads(plugin_config(docs))
     producer = config.plugins["precise-prefix-cache-producer"]
     assert producer.config.events.zmq_endpoint == "tcp://*:5557" and producer.config.speculative
-    assert config.plugins["prefix-cache-scorer"].producer is producer
+    assert config.plugins["predicted-latency-producer"].prefix_producer is producer  # the cache credit
+    assert "approx-prefix-cache-producer" not in config.plugins
 
 
 def test_discovery_mode_with_replicas(helm: str, tmp_path: Path) -> None:
