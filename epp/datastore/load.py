@@ -102,7 +102,6 @@ class EndpointLoad:
     settled_at: float = 0.0  # clock time the integrals refer to
     prefill_backlog: int = 0  # Σ prefill_tokens of `pending`
     prefill_pairs: float = 0.0  # Σ attention_pairs of `pending`
-    buffered: int = 0  # of `pending`, the requests whose response is not streamed
     peer_pending: int = 0  # requests other writers (workers, replicas) sent here still in their queue
     decoding: int = 0  # requests past prefill, not ended
     context_tokens: int = 0  # Σ mean_context of the decoding ones (KV their steps read)
@@ -142,8 +141,6 @@ class EndpointLoad:
         item.started = max(now, tail)
         item.expected_done = max(now + item.predicted_ttft, item.started)
         self.pending.append(item)
-        if not item.streamed:
-            self.buffered += 1
         if item.model:
             self.models[item.model] = self.models.get(item.model, 0) + 1
         self.prefill_backlog += item.prefill_tokens
@@ -185,8 +182,6 @@ class EndpointLoad:
             self.pending.remove(item)
             self.prefill_backlog -= item.prefill_tokens
             self.prefill_pairs -= item.attention_pairs
-            if not item.streamed:
-                self.buffered -= 1
         else:
             self.decoding -= 1
             self.context_tokens -= item.mean_context
@@ -244,8 +239,6 @@ class EndpointLoad:
 
     def _to_decode(self, item: Outstanding) -> None:
         item.prefilled = True
-        if not item.streamed:
-            self.buffered -= 1
         self.prefill_backlog -= item.prefill_tokens
         self.prefill_pairs -= item.attention_pairs
         self.decoding += 1
@@ -294,9 +287,7 @@ class EndpointLoad:
         not streamed, until the timeline says its prefill is over. Other writers' queues count
         as their owners last published them."""
         count = len(self.pending) + self.peer_pending
-        if not self.buffered:  # (the usual case: every response streamed)
-            return count
-        for item in self.pending:  # the ones past their expected end are at the head
+        for item in self.pending:  # the ones past their expected end are at the head (few)
             if item.expected_done > now:
                 break
             if not item.streamed:
