@@ -16,7 +16,10 @@ is long overdue leaves too, so a lost event cannot wedge the queue. Between even
 at the head counts as partly done, in proportion to the time it has had.
 
 Everything kept per endpoint is a sum over its outstanding requests (plus time integrals), so
-several writers' ledgers of one endpoint add up.
+several writers' ledgers of one endpoint add up. The recent rates (picks, pod-seconds of work and
+of prefill sent per second) are exponential averages that start at zero; they are read divided by
+the share of their window that has history (`coverage`), or a pool warming up looks idle while its
+prefill queues fill (on long documents that made every pod look free for another cold copy).
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ _LATE_FACTOR = 0.5  # a first byte this share of its prefill's time late makes i
 _LATE_MIN = 0.02  # seconds
 _STALLED_MAX = 256  # stalled requests remembered per endpoint (the oldest matter)
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
+_MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
+
+
+def coverage(since: float, now: float) -> float:
+    """The share of an exponential average's window that has history: an average that started
+    at zero at `since` (-1: not started) reads low by this factor until a window has passed.
+    At least `_MIN_HISTORY` seconds are assumed, so the first few events do not read as a burst."""
+    if since < 0.0:
+        return 1.0
+    return -math.expm1(-max(_MIN_HISTORY, now - since) / RATE_WINDOW)
 
 
 @dataclass(slots=True, eq=False)
@@ -120,6 +133,9 @@ class EndpointLoad:
     work_rate: float = 0.0
     prefill_rate: float = 0.0  # the prefill part of that work (what holds up the prefills behind it)
     rates_at: float = 0.0
+    # When the averages began (the first pick here, or the first rates another writer reported):
+    # before a window has passed they read low, and are divided by their `coverage` when read.
+    rates_since: float = -1.0
     # Monotone counters and integrals (for the mean batch over a request's decode).
     prefill_total: int = 0  # prefill tokens ever sent
     decode_integral: float = 0.0  # ∫ decoding dt
@@ -132,6 +148,8 @@ class EndpointLoad:
         `work_seconds`: the pod time it will cost (its prefill and its share of decode steps),
         `prefill_seconds` of it its prefill."""
         self.settle(now)
+        if self.rates_since < 0.0:
+            self.rates_since = now
         decay = self._decay(now)
         self.pick_rate = self.pick_rate * decay + 1.0 / RATE_WINDOW
         self.work_rate = self.work_rate * decay + work_seconds / RATE_WINDOW
@@ -256,18 +274,33 @@ class EndpointLoad:
     def _decay(self, now: float) -> float:
         return math.exp(-max(0.0, now - self.rates_at) / RATE_WINDOW)
 
+    def _read_factor(self, now: float) -> float:
+        return self._decay(now) / coverage(self.rates_since, now)
+
+    def decayed_rates(self, now: float) -> tuple[float, float, float]:
+        """The three averages as kept (pick rate, work rate, prefill rate), decayed to `now` but
+        not corrected for their coverage: what several writers' rows add up."""
+        decay = self._decay(now)
+        return self.pick_rate * decay, self.work_rate * decay, self.prefill_rate * decay
+
     def rate_at(self, now: float) -> float:
         """Picks per second lately sent here."""
-        return self.pick_rate * self._decay(now) if self.pick_rate > 0.0 else 0.0
+        if self.pick_rate <= 0.0:
+            return 0.0
+        return self.pick_rate * self._read_factor(now)
 
     def utilization_at(self, now: float) -> float:
         """Pod-seconds of work per second lately sent here (the share of the pod it keeps busy)."""
-        return self.work_rate * self._decay(now) if self.work_rate > 0.0 else 0.0
+        if self.work_rate <= 0.0:
+            return 0.0
+        return self.work_rate * self._read_factor(now)
 
     def prefill_utilization_at(self, now: float) -> float:
         """Pod-seconds of prefill per second lately sent here: how busy the FCFS prefill queue is
         (decode steps run beside a prefill chunk; they do not hold the next prefill up)."""
-        return self.prefill_rate * self._decay(now) if self.prefill_rate > 0.0 else 0.0
+        if self.prefill_rate <= 0.0:
+            return 0.0
+        return self.prefill_rate * self._read_factor(now)
 
     def late_prefill(self, now: float) -> int:
         """Prefill tokens of requests well past their expected first token and still without it

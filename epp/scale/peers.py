@@ -151,7 +151,9 @@ class SharedLoad:
         load.peer_pending = round(peers[t.PENDING])  # (their queues themselves stay theirs)
         # Rates: bring own and folded parts to `now`, then swap the folded part for the new one.
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
-        pick, work, prefill = load.rate_at(now), load.utilization_at(now), load.prefill_utilization_at(now)
+        pick, work, prefill = load.decayed_rates(now)
+        if load.rates_since < 0.0 and peers[t.PICK_RATE] > 0.0:
+            load.rates_since = now  # (the others' averages may be older: read a little high for a while)
         load.pick_rate = max(0.0, pick - folded[t.PICK_RATE] * old + peers[t.PICK_RATE])
         load.work_rate = max(0.0, work - folded[t.WORK_RATE] * old + peers[t.WORK_RATE])
         load.prefill_rate = max(0.0, prefill - folded[t.PREFILL_RATE] * old + peers[t.PREFILL_RATE])
@@ -207,6 +209,7 @@ class SharedLoad:
             tracked.own_fit = (service.step_scale, service.prefill_scale)
             tracked.own_observations = service.observations
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
+        pick, work, prefill = load.decayed_rates(now)
         self.table.write(self.member, tracked.slot, (
             ep.inflight_requests - f[t.INFLIGHT],
             ep.inflight_tokens - f[t.TOKENS],
@@ -218,9 +221,9 @@ class SharedLoad:
             load.requests - f[t.REQUESTS],
             len(load.pending),
             load.decode_output - f[t.DECODE_OUTPUT],
-            max(0.0, load.rate_at(now) - f[t.PICK_RATE] * old),
-            max(0.0, load.utilization_at(now) - f[t.WORK_RATE] * old),
-            max(0.0, load.prefill_utilization_at(now) - f[t.PREFILL_RATE] * old),
+            max(0.0, pick - f[t.PICK_RATE] * old),
+            max(0.0, work - f[t.WORK_RATE] * old),
+            max(0.0, prefill - f[t.PREFILL_RATE] * old),
             now,
             tracked.own_fit[0], tracked.own_fit[1], tracked.own_observations,
         ))

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from epp.datastore import EndpointLoad, Outstanding
+from epp.datastore.load import _MIN_HISTORY, coverage
 
 
 def item(prompt: int = 1000, cached: int = 0, output: int = 100, at: float = 0.0, ttft: float = 0.1,
@@ -105,8 +106,31 @@ def test_integrals_and_pick_rate() -> None:
     load.settle(1.1)
     assert load.decode_integral == pytest.approx(1.0)  # one decoding request for one second
     assert load.context_integral == pytest.approx(a.mean_context)
-    assert load.rate_at(0.0) == pytest.approx(0.1)  # one pick in a 10-second window
+    # One pick in a 10-second window, read as if from at least `_MIN_HISTORY` seconds of history.
+    assert load.decayed_rates(0.0)[0] == pytest.approx(0.1)
+    assert load.rate_at(0.0) == pytest.approx(0.1 / coverage(0.0, _MIN_HISTORY))
     assert load.rate_at(10.0) < load.rate_at(1.0)
+
+
+def test_rates_are_corrected_for_the_history_they_have() -> None:
+    """Averages that start at zero read low for their first window: a pod sent 2 picks a second
+    from the start reads about 2/s after 5 s, not the 0.77/s of the bare average (the warm-up's
+    cold-copy storm fed on that: every pod looked idle while its prefill queue filled)."""
+    load = EndpointLoad()
+    now = 0.0
+    while now < 5.0:
+        load.add(item(ttft=0.01), now, work_seconds=0.2, prefill_seconds=0.1)
+        now += 0.5
+    pick, work, prefill = load.decayed_rates(now)
+    assert pick == pytest.approx(0.77, abs=0.01)  # the bare average
+    assert load.rate_at(now) == pytest.approx(2.0, rel=0.05)
+    assert load.utilization_at(now) == pytest.approx(0.4, rel=0.05)
+    assert load.prefill_utilization_at(now) == pytest.approx(0.2, rel=0.05)
+    # Long after, the correction is gone: the average has a whole window of history.
+    assert coverage(0.0, 100.0) == pytest.approx(1.0, rel=1e-4)
+    assert load.rate_at(100.0) == pytest.approx(load.decayed_rates(100.0)[0], rel=1e-4)
+    assert coverage(-1.0, 5.0) == 1.0  # never picked: nothing to correct
+    assert EndpointLoad().rate_at(5.0) == 0.0
 
 
 def test_scrape_snapshot_tells_own_requests_from_unexplained_ones() -> None:

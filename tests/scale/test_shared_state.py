@@ -15,6 +15,7 @@ from epp.api.request import Api, InferenceRequest
 from epp.api.response import Usage
 from epp.core import Core, build_core
 from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
+from epp.datastore.load import coverage
 from epp.scale import table as t
 from epp.scale.member import Member, PodLayout, PodState
 from epp.scale.prefix import PrefixRecord, decode, encode
@@ -200,6 +201,27 @@ def test_the_work_rates_of_each_workers_picks_add_up(layout: PodLayout) -> None:
     assert seen[0] == seen[1]
     for core, record in zip((core_a, core_b, core_a, core_b), records):
         core.director.release(record)
+
+
+def test_a_worker_that_never_picked_a_pod_reads_its_rates_as_the_picking_one_does(layout: PodLayout) -> None:
+    """The rates are corrected for the history they cover (`load.coverage`); a worker
+    that only folds the others' rows starts that history when it first sees them, so a warming
+    pool looks as busy to it as to the worker sending the traffic — not 4× idler."""
+    clock = Clock()
+    (core_a, link_a), (core_b, link_b) = worker(layout, 0, clock), worker(layout, 1, clock)
+
+    async def pick(core: Core) -> object:
+        return (await core.director.handle_request(request("q" * 8000, stream=True)))[1]
+
+    records = [asyncio.run(pick(core_a)) for _ in range(4)]
+    for link in (link_a, link_b):
+        link.refresh()
+    rates = [[(round(ep.load.rate_at(clock.now), 9), round(ep.load.utilization_at(clock.now), 9))
+              for ep in core.datastore.endpoints()] for core in (core_a, core_b)]
+    assert rates[0] == rates[1]
+    assert sum(r for r, _ in rates[1]) == pytest.approx(4 * 0.1 / coverage(clock.now, clock.now))
+    for record in records:
+        core_a.director.release(record)
 
 
 def test_ring_records_survive_wraps_and_a_lapped_reader_resynchronises() -> None:

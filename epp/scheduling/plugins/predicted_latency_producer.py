@@ -18,6 +18,8 @@ Candidates are ranked on `cost`: the TTFT plus what the pick costs the requests 
 decode's share of their steps, its prefill ahead of theirs, its chunk in the step of the prefills
 still waiting there for a first token, the prefix it evicts), less the copy
 credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests.
+The pods' recent pick and work rates are read corrected for the history they cover, so a warming
+pool does not look idle (`epp.datastore.load.coverage`).
 
 The predictions land in `CycleState.predictions` for `latency-scorer`, `slo-headroom-tier-filter`,
 the decision trace, and the ledger entry request control books at the pick.
@@ -53,6 +55,7 @@ from typing import TYPE_CHECKING
 from epp.api.request import InferenceRequest
 from epp.datastore import Datastore, Endpoint, ModelStats, StepCosts
 from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
+from epp.datastore.load import coverage
 from epp.params import Params
 from epp.scheduling.framework import CycleState, DataProducer, Plugin
 from epp.scheduling.plugins._prefix_rates import PrefixRates
@@ -85,6 +88,7 @@ class PredictedLatencyProducer(DataProducer):
         # requests a pod will receive while this one decodes there.
         self._rate = 0.0
         self._rate_at = 0.0
+        self._rate_since = -1.0  # the first request
         self.copy_credit = copy_credit
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         datastore.subscribe(on_add=self._endpoint_added)
@@ -163,9 +167,15 @@ class PredictedLatencyProducer(DataProducer):
             predictions[ep.address] = prediction
 
     def _arrival_rate(self, now: float) -> float:
-        """Requests per second reaching the pool, counting this one."""
+        """Requests per second reaching the pool, counting this one: the bare average, which reads
+        low while the EPP warms up. It is the floor of each pod's arrivals in the decode term (a
+        pod nobody is sent to yet still gets its share); corrected for its coverage like the
+        pods' own rates, it made every idle pod look busy in the first seconds, and long
+        generations then gathered on a few pods of a mixed pool (BENCHMARKS.md)."""
         dt = max(0.0, now - self._rate_at)
         self._rate_at = now
+        if self._rate_since < 0.0:
+            self._rate_since = now
         self._rate = self._rate * math.exp(-dt / _RATE_WINDOW) + 1.0 / _RATE_WINDOW
         return self._rate
 
@@ -201,7 +211,7 @@ class PredictedLatencyProducer(DataProducer):
             return
         # The rates are this process's; other workers and replicas route the same prefix (their
         # picks reach the shared ledger, so the pool's pick rate over this process's tells how much).
-        own_rate = self._rate
+        own_rate = self._rate / coverage(self._rate_since, now)  # (as the pods' rates are read)
         pool_rate = sum(ep.load.rate_at(now) for ep in endpoints)
         if own_rate > 0.0 and pool_rate > own_rate:
             rate *= pool_rate / own_rate
@@ -311,7 +321,7 @@ class PredictedLatencyProducer(DataProducer):
             # EndpointLoad.utilization_at / prefill_utilization_at / rate_at, inline (one decay)
             work_rate, pick_rate, prefill_rate = load.work_rate, load.pick_rate, load.prefill_rate
             if work_rate > 0.0 or pick_rate > 0.0:
-                decay = exp(-max(0.0, now - load.rates_at) / LOAD_RATE_WINDOW)
+                decay = exp(-max(0.0, now - load.rates_at) / LOAD_RATE_WINDOW) / coverage(load.rates_since, now)
                 utilization = work_rate * decay if work_rate > 0.0 else 0.0
                 prefill_utilization = prefill_rate * decay if prefill_rate > 0.0 else 0.0
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
