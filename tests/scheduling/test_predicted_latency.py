@@ -212,6 +212,27 @@ def test_a_prefill_is_charged_for_the_prefills_it_holds_up_not_for_the_decodes_b
     assert extra(on_decodes) < 2.0 * extra(idle) + 0.01
 
 
+def test_a_prompt_longer_than_a_step_is_charged_for_the_requests_arriving_while_it_blocks() -> None:
+    """A prompt beyond the step's token budget fills whole steps alone, and every request sent to
+    its pod meanwhile waits for the rest of it: half of it on average, at the pod's pick rate
+    (M/G/1's λ·S²/2). Without that, a cold copy of a long document on a pod others' requests keep
+    coming to looked as cheap as on an idle one (the warm-up's cold-copy storm). A prompt that
+    fits one step blocks nobody for longer than a step, and is not charged for it."""
+    store = pool()
+    busy, idle = store.endpoints()[0], store.endpoints()[1]
+    busy.load.rates_since, busy.load.rates_at, busy.load.pick_rate = 0.0, 100.0, 2.0  # 2 picks/s, all done
+    extra = lambda q: q.cost - q.ttft  # noqa: E731 - what the pick costs others
+    long = predictions(store, request("x" * 80_000, max_tokens=1))  # ~20k tokens: 2.5 steps' budget
+    p = long["10.0.0.1:8000"]
+    blocking = p.prefill_work_seconds * (p.own_prefill - 8192) / p.own_prefill
+    assert blocking > 0.2
+    charged = extra(p) - extra(long["10.0.0.2:8000"])
+    assert charged == pytest.approx(2.0 * blocking * blocking / 2, rel=0.05)
+    short = predictions(store, request("x" * 24_000, max_tokens=1))  # ~6k tokens: within one step
+    assert extra(short["10.0.0.1:8000"]) - extra(short["10.0.0.2:8000"]) < 0.005
+    assert idle.load.rate_at(100.0) == 0.0
+
+
 DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the approximate index hashes
 
 

@@ -16,7 +16,8 @@ request's first token if it were sent there — a prediction, not a weighted sum
 
 Candidates are ranked on `cost`: the TTFT plus what the pick costs the requests after it (its
 decode's share of their steps, its prefill ahead of theirs, its chunk in the step of the prefills
-still waiting there for a first token, the prefix it evicts), less the copy
+still waiting there for a first token, the steps a prompt beyond the step budget fills alone while
+the pod's next requests wait them out, the prefix it evicts), less the copy
 credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests.
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
@@ -332,8 +333,9 @@ class PredictedLatencyProducer(DataProducer):
             arrivals = max(rate, arrivals_per_pod)
             lifetime = output * step
             newcomer_waits = 0.5 + max(1, math.ceil(queued / budget))
+            blocking = own_seconds * (own - budget) / own if own > budget else 0.0
             externality = (newcomer_waits * share * arrivals * lifetime / (1.0 - u)
-                           + own_seconds * u_prefill / (1.0 - u_prefill))
+                           + (own_seconds * u_prefill + rate * blocking * blocking * 0.5) / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
             if (load.pending or load.peer_pending) and queued < budget:
@@ -401,8 +403,13 @@ class PredictedLatencyProducer(DataProducer):
         lifetime = output * step  # its decode, at the pod's steady step (the queued prefill passes)
         budget = max(1.0, prior.max_batched_tokens - decoding)
         newcomer_waits = 0.5 + max(1, math.ceil(queued / budget))
+        # A prompt longer than a step's budget holds the pod's prefill for the steps it fills
+        # alone, and the requests sent here meanwhile wait for the rest of them: half of it each
+        # on average (M/G/1's λ·S²/2, at the pod's own pick rate). A cold copy of a long document
+        # on a pod that others' requests keep coming to costs them that.
+        blocking = own_seconds * (own - budget) / own if own > budget else 0.0
         externality = (newcomer_waits * share * arrivals * lifetime / (1.0 - u)
-                       + own_seconds * u_prefill / (1.0 - u_prefill))
+                       + (own_seconds * u_prefill + load.rate_at(now) * blocking * blocking * 0.5) / (1.0 - u_prefill))
         # A full cache evicts some other prompt's prefix for this one's new blocks: that prompt's
         # next request pays the prefill again.
         evicted = match.evicted_tokens.get(ep.address, 0) if match is not None else 0
