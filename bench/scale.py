@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="", help="comma-separated shipped workloads or files")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="parallel simulations")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--report", default="", help="the report's file name under --out (default: scale.md, "
+                                                       "scale-quick.md with --quick)")
     args = parser.parse_args(argv)
     pools = TINY_POOLS if args.tiny else QUICK_POOLS if args.quick else POOLS
     if args.pools:
@@ -139,10 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         cases.setdefault((workload_name, pool_label), []).append(report)
 
     table, passed, total = summary(cases)
+    command = "".join([" --quick" if args.quick else "", f" --pools {args.pools}" if args.pools else "",
+                       f" --workloads {args.workloads}" if args.workloads else "",
+                       f" --report {args.report}" if args.report else ""])
     lines = [
         "# Routing quality in virtual time",
         "",
-        f"`python -m bench.scale{' --quick' if args.quick else ''}` — {len(tasks)} simulations, "
+        f"`python -m bench.scale{command}` — {len(tasks)} simulations, "
         f"{wall:.0f} s on this machine. Every policy of a case ran the same requests (same seed) on a fresh "
         "pool of vLLM v1 engines (`epp/sim`: real tokenizer, vLLM 0.32's block pool and scheduler, step "
         "times from `shared/calibration`), seeing metrics 50 ms stale as in production.",
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         w = load_workload(workload_name)
         lines += [f"## {workload_name}, {pool_label}", "", f"*{w.description}*", "", case_table(case), ""]
     text = "\n".join(lines)
-    path = args.out / ("scale-quick.md" if args.quick else "scale.md")
+    path = args.out / (args.report or ("scale-quick.md" if args.quick else "scale.md"))
     if args.tiny:
         path = args.out / "scale.md"
     write_report(path, text, wall)
