@@ -123,6 +123,7 @@ class SharedLoad:
         table, slot = self.table, tracked.slot
         peers = [0.0] * t.F
         fits: list[tuple[float, float, float]] = []
+        history = -1.0  # the longest history behind the others' rates (-1: they have none)
         for m in self.others:
             row = table.read(m, slot)
             tracked.versions[m] = table.version(m, slot)
@@ -132,6 +133,8 @@ class SharedLoad:
             peers[t.PICK_RATE] += row[t.PICK_RATE] * decay  # rates, as of now
             peers[t.WORK_RATE] += row[t.WORK_RATE] * decay
             peers[t.PREFILL_RATE] += row[t.PREFILL_RATE] * decay
+            if row[t.PICK_RATE] > 0.0:
+                history = max(history, row[t.RATES_AGE] + max(0.0, now - row[t.RATES_AT]))
             if row[t.OBSERVATIONS] > 0:
                 fits.append((row[t.STEP_SCALE], row[t.PREFILL_SCALE], row[t.OBSERVATIONS]))
         tracked.peer_fits = fits
@@ -152,8 +155,9 @@ class SharedLoad:
         # Rates: bring own and folded parts to `now`, then swap the folded part for the new one.
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
         pick, work, prefill = load.decayed_rates(now)
-        if load.rates_since < 0.0 and peers[t.PICK_RATE] > 0.0:
-            load.rates_since = now  # (the others' averages may be older: read a little high for a while)
+        if history >= 0.0:  # the sum has history since the oldest of its parts began
+            since = now - history
+            load.rates_since = since if load.rates_since < 0.0 else min(load.rates_since, since)
         load.pick_rate = max(0.0, pick - folded[t.PICK_RATE] * old + peers[t.PICK_RATE])
         load.work_rate = max(0.0, work - folded[t.WORK_RATE] * old + peers[t.WORK_RATE])
         load.prefill_rate = max(0.0, prefill - folded[t.PREFILL_RATE] * old + peers[t.PREFILL_RATE])
@@ -226,6 +230,7 @@ class SharedLoad:
             max(0.0, prefill - f[t.PREFILL_RATE] * old),
             now,
             tracked.own_fit[0], tracked.own_fit[1], tracked.own_observations,
+            now - load.rates_since if load.rates_since >= 0.0 else 0.0,
         ))
 
     def own(self, address: str) -> tuple[float, ...] | None:

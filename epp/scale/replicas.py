@@ -49,6 +49,7 @@ log = logging.getLogger("epp.scale.replicas")
 # replica learns its pods from its own traffic).
 _SHARED = t.RATES_AT  # fields [0, RATES_AT) ; the three rates are sent as of the moment of sending
 _MAX_MESSAGE = 256 << 10
+_PEER_RATES_HISTORY = 10 * RATE_WINDOW  # seconds
 _SLOTS_PERIOD = 0.25  # seconds between two reads of the table's endpoint names
 
 
@@ -332,6 +333,9 @@ class ReplicaLink:
                 total[t.WORK_RATE] += values[t.WORK_RATE] * decay
                 total[t.PREFILL_RATE] += values[t.PREFILL_RATE] * decay
             total[t.RATES_AT] = now
+            # Other replicas send their rates without their history: taken as a whole window's
+            # (a replica joining a running pool must not read them several times too high).
+            total[t.RATES_AGE] = _PEER_RATES_HISTORY
             slot = self._slots.get(address)
             if slot is None:
                 if address not in self._endpoints(now):  # no local member has it (yet, or any more)

@@ -224,6 +224,29 @@ def test_a_worker_that_never_picked_a_pod_reads_its_rates_as_the_picking_one_doe
         core_a.director.release(record)
 
 
+def test_a_worker_started_later_reads_the_others_rates_with_their_history(layout: PodLayout) -> None:
+    """A worker restarted while another has routed for long must not read the other's settled
+    averages as if they had just begun (several times too high): each row says how much history
+    its rates have."""
+    clock = Clock()
+    core_a, link_a = worker(layout, 0, clock)
+
+    async def pick(core: Core) -> object:
+        return (await core.director.handle_request(request("q" * 8000, stream=True)))[1]
+
+    records = [asyncio.run(pick(core_a)) for _ in range(4)]
+    clock.now += 30.0
+    records.append(asyncio.run(pick(core_a)))
+    core_b, link_b = worker(layout, 1, clock)
+    for link in (link_a, link_b):
+        link.refresh()
+    rates = [[round(ep.load.rate_at(clock.now), 9) for ep in core.datastore.endpoints()] for core in (core_a, core_b)]
+    assert rates[0] == rates[1]
+    assert {ep.load.rates_since for ep in core_b.datastore.endpoints() if ep.load.pick_rate} == {100.0}
+    for record in records:
+        core_a.director.release(record)
+
+
 def test_ring_records_survive_wraps_and_a_lapped_reader_resynchronises() -> None:
     segment = Segment.create(Ring.footprint(4096), prefix="epp-test")
     ring = Ring(segment.buf, 4096)
