@@ -41,6 +41,11 @@ class Clock:
         return self.now
 
 
+def pick(core: Core, prompt: str = "q" * 8000) -> object:
+    """One streamed request scheduled by `core` (its record, still in flight)."""
+    return asyncio.run(core.director.handle_request(request(prompt, stream=True)))[1]
+
+
 @pytest.fixture
 def layout() -> Iterator[PodLayout]:
     layout, segment = PodLayout.create(2, capacity=64, ring_bytes=1 << 16)
@@ -151,11 +156,9 @@ def test_ledger_sums_add_up_and_own_part_stays_exact(layout: PodLayout) -> None:
     clock = Clock()
     (core_a, link_a), (core_b, link_b) = worker(layout, 0, clock), worker(layout, 1, clock)
 
-    async def pick(core: Core) -> object:
-        return (await core.director.handle_request(request("p" * 4000, stream=True)))[1]
 
-    rec_a = asyncio.run(pick(core_a))
-    rec_b = asyncio.run(pick(core_b))
+    rec_a = pick(core_a, "p" * 4000)
+    rec_b = pick(core_b, "p" * 4000)
     link_a.refresh()
     link_b.refresh()
     for core in (core_a, core_b):
@@ -185,10 +188,8 @@ def test_the_work_rates_of_each_workers_picks_add_up(layout: PodLayout) -> None:
     clock = Clock()
     (core_a, link_a), (core_b, link_b) = worker(layout, 0, clock), worker(layout, 1, clock)
 
-    async def pick(core: Core) -> object:
-        return (await core.director.handle_request(request("q" * 8000, stream=True)))[1]
 
-    records = [asyncio.run(pick(core)) for core in (core_a, core_b, core_a, core_b)]
+    records = [pick(core) for core in (core_a, core_b, core_a, core_b)]
     for link in (link_a, link_b):
         link.refresh()
     for core in (core_a, core_b):
@@ -210,10 +211,8 @@ def test_a_worker_that_never_picked_a_pod_reads_its_rates_as_the_picking_one_doe
     clock = Clock()
     (core_a, link_a), (core_b, link_b) = worker(layout, 0, clock), worker(layout, 1, clock)
 
-    async def pick(core: Core) -> object:
-        return (await core.director.handle_request(request("q" * 8000, stream=True)))[1]
 
-    records = [asyncio.run(pick(core_a)) for _ in range(4)]
+    records = [pick(core_a) for _ in range(4)]
     for link in (link_a, link_b):
         link.refresh()
     rates = [[(round(ep.load.rate_at(clock.now), 9), round(ep.load.utilization_at(clock.now), 9))
@@ -231,12 +230,10 @@ def test_a_worker_started_later_reads_the_others_rates_with_their_history(layout
     clock = Clock()
     core_a, link_a = worker(layout, 0, clock)
 
-    async def pick(core: Core) -> object:
-        return (await core.director.handle_request(request("q" * 8000, stream=True)))[1]
 
-    records = [asyncio.run(pick(core_a)) for _ in range(4)]
+    records = [pick(core_a) for _ in range(4)]
     clock.now += 30.0
-    records.append(asyncio.run(pick(core_a)))
+    records.append(pick(core_a))
     core_b, link_b = worker(layout, 1, clock)
     for link in (link_a, link_b):
         link.refresh()
