@@ -417,3 +417,38 @@ def test_a_pod_whose_requests_stall_is_predicted_as_late_as_they_are() -> None:
     assert after[stuck.address].ttft > 19.0
     others = [p.ttft for address, p in after.items() if address != stuck.address]
     assert max(others) < 1.0
+
+
+def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
+    """In a pool that mixes GPU types, documents placed before the EPP learned which pods are
+    slower stay there: for each request alone a hit on the slow pod beats a cold copy elsewhere.
+    A copy on a clearly faster pod that pays its premium back within one window of the prefix's
+    requests is credited in full (it ranks as a hit would); the same pods at one speed give no
+    such credit, and neither does a prefix reused too rarely to pay it back."""
+    def credits(holder_scales: tuple[float, float], gap: float) -> list[Prediction]:
+        store = pool()
+        producer = PredictedLatencyProducer(datastore=store)
+        endpoints = list(store.endpoints())
+        holder = endpoints[0]
+        holder.service.step_scale, holder.service.prefill_scale = holder_scales
+        match = PrefixMatch(total=450, block_size_tokens=16, matched={holder.address: 375}, hashes=list(range(450)))
+        stats = store.models.get("m")
+        found: list[Prediction] = []
+        for i in range(6):  # the document's questions, `gap` seconds apart, on an idle pool
+            now = 100.0 + gap * i
+            found = producer.predict_all(endpoints, match, 7_200, 100, now, stats)
+            producer._credit_copies(endpoints, found, match, now)
+        return found
+
+    slow = credits((1.6, 2.5), gap=1.0)  # an A100 beside H100s, a question a second
+    premium = slow[1].prefill_work_seconds - PredictedLatencyProducer._own_prefill_seconds(
+        pool().endpoints()[1], slow[0].own_prefill, slow[0].cached_tokens)
+    assert slow[0].copy_credit == 0.0  # the holder is never credited
+    assert all(p.copy_credit == pytest.approx(premium) for p in slow[1:])
+    assert min(slow, key=lambda p: p.cost) is not slow[0]  # the next question makes the copy
+    level = credits((1.0, 1.0), gap=1.0)  # one speed: the holder's hit wins, nothing is credited
+    assert all(p.copy_credit == 0.0 for p in level)
+    assert min(level, key=lambda p: p.cost) is level[0]
+    rare = credits((1.6, 2.5), gap=60.0)  # a question a minute: the copy would not pay back
+    assert all(p.copy_credit < 0.5 * premium for p in rare[1:])
+    assert min(rare, key=lambda p: p.cost) is rare[0]

@@ -18,7 +18,8 @@ Candidates are ranked on `cost`: the TTFT plus what the pick costs the requests 
 decode's share of their steps, its prefill ahead of theirs, its chunk in the step of the prefills
 still waiting there for a first token, the steps a prompt beyond the step budget fills alone while
 the pod's next requests wait them out, the prefix it evicts), less the copy
-credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests.
+credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests
+(all of them, on a pod clearly faster than its holders).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -35,7 +36,8 @@ Parameters (all optional):
   on one H100; each pod corrects them online.
 - `learn` (true): learn each pod's rates from what it answers.
 - `copyCredit` (true): value a new copy of a reused prefix on a pod without it (`_credit_copies`),
-  so a hot document or system prompt spreads to more pods once its holders are overloaded.
+  so a hot document or system prompt spreads to more pods once its holders are overloaded, and a
+  reused one placed on a slower GPU moves to a faster one.
 
 ```yaml
 plugins:
@@ -71,6 +73,7 @@ if TYPE_CHECKING:
 _MS = 1e-3
 _RATE_WINDOW = 10.0  # seconds
 _MAX_UTILIZATION = 0.95
+_SPEED_MARGIN = 0.25  # pods learned within this of each other are not told apart by speed
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 
 
@@ -196,6 +199,10 @@ class PredictedLatencyProducer(DataProducer):
         (s > P) for a prefix that is rarely reused, and for a hot one (λ·P ≫ 1) once λ·s > 1 —
         the holders' excess delay is more than one request's worth of extra waiting (Little's
         law) — not for a cheap prefix or a holder that is merely a little busier.
+
+        A holder that is slower, not busier, is another case: a copy on a faster pod gains every
+        later request of the prefix. In a pool that mixes GPU types, a document placed on a slow
+        pod before the EPP had learned its speed otherwise stays there for good (BENCHMARKS.md).
         """
         matched, hashes = match.matched, match.hashes
         if not matched or not hashes:
@@ -219,6 +226,7 @@ class PredictedLatencyProducer(DataProducer):
         best = min(holders, key=lambda p: p.cost)
         per_copy = rate / (len(holders) + 1)
         suffix, cached = best.own_prefill, best.cached_tokens
+        fastest = min(self._idle_hit_seconds(ep, suffix, cached) for ep, has in zip(endpoints, held) if has)
         for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
@@ -230,9 +238,24 @@ class PredictedLatencyProducer(DataProducer):
             gain = best.cost - (p.cost - premium)
             if gain <= 0.0:
                 continue
-            credit = min(premium, gain * per_copy * premium)
+            # A copy on a faster pod gains every later request of the prefix, not only those
+            # arriving while it is made. If that pays its premium back within one window of the
+            # prefix's requests (as far ahead as the rate looks back), it is credited in full: the
+            # copy ranks as a hit would. Differences within the fit's noise are not speed.
+            speedup = fastest - self._idle_hit_seconds(ep, suffix, cached) * (1.0 + _SPEED_MARGIN)
+            if speedup > 0.0 and speedup * rate * _RATE_WINDOW >= premium:
+                credit = premium
+            else:
+                credit = min(premium, gain * per_copy * premium)
             p.cost -= credit
             p.copy_credit = credit
+
+    @classmethod
+    def _idle_hit_seconds(cls, ep: Endpoint, own: int, cached: int) -> float:
+        """Time to first token of a prefix hit on `ep` with nothing queued or running: its speed."""
+        service = ep.service
+        steps = max(1, math.ceil(own / service.prior.max_batched_tokens))
+        return service.step_scale * service.prior.overhead * steps + cls._own_prefill_seconds(ep, own, cached)
 
     @staticmethod
     def _own_prefill_seconds(ep: Endpoint, own: int, cached: int) -> float:
