@@ -37,13 +37,13 @@ RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
 _MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
 
 
-def coverage(since: float, now: float) -> float:
-    """The share of an exponential average's window that has history: an average that started
+def coverage(since: float, now: float, window: float = RATE_WINDOW) -> float:
+    """The share of an exponential average's `window` that has history: an average that started
     at zero at `since` (-1: not started) reads low by this factor until a window has passed.
     At least `_MIN_HISTORY` seconds are assumed, so the first few events do not read as a burst."""
     if since < 0.0:
         return 1.0
-    return -math.expm1(-max(_MIN_HISTORY, now - since) / RATE_WINDOW)
+    return -math.expm1(-max(_MIN_HISTORY, now - since) / window)
 
 
 @dataclass(slots=True, eq=False)

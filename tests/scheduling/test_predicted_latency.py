@@ -332,7 +332,7 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
     assert chosen.cached_tokens == 0 and chosen.copy_credit > 0.0
     # and the copies pay: the prefix's requests wait less over the run.
     mean_ttft = [sum(p.ttft for _, p in picks) / len(picks) for picks in (with_credit, without)]
-    assert mean_ttft[0] < 0.9 * mean_ttft[1]
+    assert mean_ttft[0] < 0.95 * mean_ttft[1]  # (its reuse rate is read over 3 s at least: 1.5 s of it)
     # The credit never makes a copy look cheaper than a hit: at most the prefill it costs.
     assert all(p.copy_credit <= p.prefill_work_seconds for _, p in with_credit)
     assert all(p.copy_credit == 0.0 for _, p in without)
@@ -358,12 +358,15 @@ def test_a_prefix_seen_once_is_no_reason_to_copy_it() -> None:
 def test_prefix_rates_count_reuse_and_stay_bounded() -> None:
     rates = PrefixRates(10.0, capacity=4)
     assert rates.hit(1, 0.0) == 0.0  # the first request is no evidence of reuse
+    # A second request a moment after the first is no evidence of a high rate: read as if from
+    # 3 s of history (uncorrected it read 5/s).
+    assert rates.hit(1, 0.2) < 0.4
     rate = 0.0
-    for i in range(1, 11):  # 10 more in its first second: ~10/s, bias-corrected while young
-        rate = rates.hit(1, i * 0.1)
-    assert 8.0 < rate < 12.0
+    for i in range(1, 10):  # 2/s over its first five seconds: bias-corrected while young
+        rate = rates.hit(1, 0.2 + i * 0.5)
+    assert 1.6 < rate < 2.4
     for i in range(1, 300):  # 2/s for a long while
-        rate = rates.hit(1, 1.0 + i * 0.5)
+        rate = rates.hit(1, 5.0 + i * 0.5)
     assert 1.8 < rate < 2.2
     for key in range(2, 7):
         rates.hit(key, 200.0)

@@ -6,15 +6,20 @@ of it (the block where this request's match ends), so the requests of one shared
 system prompt count together while each turn of a private conversation is a key of its own.
 
 An exponential average over `window` seconds, bias-corrected while the key is younger than the
-window (so a prefix seen three times in its first second reads about 2/s, not 0.2/s); the first
-request of a key is no evidence of reuse and is not counted. Bounded: the least recently seen keys
-go first.
+window (so a prefix asked for ten times in its first five seconds reads about 2/s, not 0.8/s), as
+if from at least 3 s of history (`epp.datastore.load.coverage`, as the pods' load rates): a
+document's second request a moment after its first is no evidence that it is asked for several
+times a second, and in a warming pool that reading made copies of long documents nobody needed
+(BENCHMARKS.md). The first request of a key is no evidence of reuse and is not counted. Bounded:
+the least recently seen keys go first.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
+
+from epp.datastore.load import coverage
 
 
 class PrefixRates:
@@ -41,5 +46,4 @@ class PrefixRates:
         window = self._window
         average = average * math.exp(-max(0.0, now - at) / window) + 1.0 / window
         entry[0], entry[1] = average, now
-        age = now - born
-        return average / -math.expm1(-age / window) if age > 0.0 else 0.0
+        return average / coverage(born, now, window) if now > born else 0.0  # a burst: no rate yet
