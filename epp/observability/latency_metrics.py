@@ -9,9 +9,11 @@ ledger hold?
 - `inference_extension_slo_ttft_total{outcome}`: requests with `x-slo-ttft-ms` that `met` or
   `missed` it (observed at the first streamed byte), or were `shed` because no pod was predicted
   to meet it.
-- `inference_extension_prefix_copies_total` and `inference_extension_prefix_copy_credit_seconds_total`:
+- `inference_extension_prefix_copies_total{reason}` and `inference_extension_prefix_copy_credit_seconds_total`:
   picks that copied a reused prefix to a pod without it with a copy credit, and the credit they
-  were given (a hot prefix spreading to more pods; steadily rising, the pool is short of copies).
+  were given. `reason="busy"`: a hot prefix spreading to more pods (steadily rising, the pool is
+  short of copies); `reason="faster"`: a reused prefix moving from slower pods to a faster one (a
+  pool mixing GPU types; steadily rising, prefixes keep landing on the slow pods first).
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
@@ -93,7 +95,9 @@ class LatencyMetrics:
                            ["outcome"], registry=registry)
         self.copies = Counter("inference_extension_prefix_copies",
                               "Picks that copied a reused prefix to an endpoint without it, credited for what "
-                              "the copy saves the prefix's next requests.", registry=registry)
+                              "the copy saves the prefix's next requests, by reason: busy (its holders' "
+                              "queue), faster (an endpoint faster than every holder).", ["reason"],
+                              registry=registry)
         self.copy_credit = Counter("inference_extension_prefix_copy_credit_seconds",
                                    "Seconds of copy credit given to the picks that copied a reused prefix.",
                                    registry=registry)
@@ -108,6 +112,6 @@ class LatencyMetrics:
     def slo_outcome(self, outcome: str) -> None:
         self.slo.labels(outcome).inc()
 
-    def prefix_copied(self, credit_seconds: float) -> None:
-        self.copies.inc()
+    def prefix_copied(self, credit_seconds: float, reason: str) -> None:
+        self.copies.labels(reason).inc()
         self.copy_credit.inc(credit_seconds)

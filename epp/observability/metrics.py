@@ -359,8 +359,8 @@ class EppMetrics:
     def slo_outcome(self, request: InferenceRequest, outcome: str) -> None:
         self.latency.slo_outcome(outcome)
 
-    def prefix_copied(self, request: InferenceRequest, credit_seconds: float) -> None:
-        self.latency.prefix_copied(credit_seconds)
+    def prefix_copied(self, request: InferenceRequest, credit_seconds: float, reason: str) -> None:
+        self.latency.prefix_copied(credit_seconds, reason)
 
     def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         self._children["plugin_duration"]((extension_point, plugin.type, plugin.name)).observe(seconds)

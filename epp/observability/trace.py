@@ -78,7 +78,8 @@ class DecisionRecord:
                          "queued_prefill": round(p.queued_prefill), "own_prefill": p.own_prefill,
                          "cache_credit": p.cached_tokens, "prefill_ms": round(p.prefill_seconds * 1e3, 2),
                          "wait_ms": round(p.wait_seconds * 1e3, 2), "itl_ms": round(p.itl * 1e3, 2),
-                         "copy_credit_ms": round(p.copy_credit * 1e3, 2), "prefix_source": p.prefix_source})
+                         "copy_credit_ms": round(p.copy_credit * 1e3, 2), "copy_reason": p.copy_reason,
+                         "prefix_source": p.prefix_source})
         return rows
 
     def as_dict(self) -> dict[str, object]:

@@ -260,7 +260,7 @@ class Director:
         if prediction is not None:
             load.add(item, now, prediction.work_seconds, prediction.prefill_work_seconds)
             if prediction.copy_credit > 0.0 and self.metrics:
-                self.metrics.prefix_copied(request, prediction.copy_credit)
+                self.metrics.prefix_copied(request, prediction.copy_credit, prediction.copy_reason)
         else:
             load.add(item, now)
         return item

@@ -38,6 +38,7 @@ class RequestMetricsSink(Protocol):
     def slo_outcome(self, request: InferenceRequest, outcome: str) -> None:
         """A request with a TTFT objective `met` or `missed` it, or was `shed` for it."""
 
-    def prefix_copied(self, request: InferenceRequest, credit_seconds: float) -> None:
+    def prefix_copied(self, request: InferenceRequest, credit_seconds: float, reason: str) -> None:
         """The pick copies a reused prefix to a pod without it, credited `credit_seconds` for
-        what the copy saves the prefix's next requests."""
+        what the copy saves the prefix's next requests; `reason` is `busy` (its holders' queue) or
+        `faster` (a pod faster than every holder)."""

@@ -32,9 +32,10 @@ class Prediction:
     work_seconds: float = 0.0  # pod time the request costs: its prefill and its share of decode steps
     prefill_work_seconds: float = 0.0  # of `work_seconds`, its own prefill
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
+    copy_reason: str = ""  # why: "busy" (its holders' queue) or "faster" (a faster pod than every holder)
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
         return (f"ttft={self.ttft * 1e3:.1f}ms,cost={self.cost * 1e3:.1f}ms(q={self.queued_prefill:.0f},own={self.own_prefill},"
                 f"hit={self.cached_tokens},wait={self.wait_seconds * 1e3:.1f}ms,itl={self.itl * 1e3:.1f}ms"
-                + (f",copy={self.copy_credit * 1e3:.1f}ms)" if self.copy_credit else ")"))
+                + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

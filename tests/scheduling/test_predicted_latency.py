@@ -340,11 +340,13 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
     record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=results[copied])  # type: ignore[arg-type]
     rows = {row["address"]: row for row in record.predictions()}
     assert rows[address]["copy_credit_ms"] == round(chosen.copy_credit * 1e3, 2) > 0
-    assert f"copy={chosen.copy_credit * 1e3:.1f}ms" in chosen.compact()
+    assert f"copy={chosen.copy_credit * 1e3:.1f}ms/busy" in chosen.compact()
+    assert rows[address]["copy_reason"] == "busy"
     # and in the metrics.
     registry = made[0].registry
     copies = sum(1 for _, p in with_credit if p.copy_credit > 0.0)
-    assert registry.get_sample_value("inference_extension_prefix_copies_total") == copies > 0
+    assert registry.get_sample_value("inference_extension_prefix_copies_total", {"reason": "busy"}) == copies > 0
+    assert all(p.copy_reason == "busy" for _, p in with_credit if p.copy_credit > 0.0)  # one speed: a busy holder
     assert registry.get_sample_value("inference_extension_prefix_copy_credit_seconds_total") == pytest.approx(
         sum(p.copy_credit for _, p in with_credit))
 
@@ -447,7 +449,7 @@ def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
     premium = slow[1].prefill_work_seconds - PredictedLatencyProducer._own_prefill_seconds(
         pool().endpoints()[1], slow[0].own_prefill, slow[0].cached_tokens)
     assert slow[0].copy_credit == 0.0  # the holder is never credited
-    assert all(p.copy_credit == pytest.approx(premium) for p in slow[1:])
+    assert all(p.copy_credit == pytest.approx(premium) and p.copy_reason == "faster" for p in slow[1:])
     assert min(slow, key=lambda p: p.cost) is not slow[0]  # the next question makes the copy
     level = credits((1.0, 1.0), gap=1.0)  # one speed: the holder's hit wins, nothing is credited
     assert all(p.copy_credit == 0.0 for p in level)

@@ -244,11 +244,11 @@ class PredictedLatencyProducer(DataProducer):
             # copy ranks as a hit would. Differences within the fit's noise are not speed.
             speedup = fastest - self._idle_hit_seconds(ep, suffix, cached) * (1.0 + _SPEED_MARGIN)
             if speedup > 0.0 and speedup * rate * _RATE_WINDOW >= premium:
-                credit = premium
+                credit, reason = premium, "faster"
             else:
-                credit = min(premium, gain * per_copy * premium)
+                credit, reason = min(premium, gain * per_copy * premium), "busy"
             p.cost -= credit
-            p.copy_credit = credit
+            p.copy_credit, p.copy_reason = credit, reason
 
     @classmethod
     def _idle_hit_seconds(cls, ep: Endpoint, own: int, cached: int) -> float:
