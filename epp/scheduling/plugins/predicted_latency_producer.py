@@ -226,13 +226,15 @@ class PredictedLatencyProducer(DataProducer):
         best = min(holders, key=lambda p: p.cost)
         per_copy = rate / (len(holders) + 1)
         suffix, cached = best.own_prefill, best.cached_tokens
-        fastest = min(self._idle_hit_seconds(ep, suffix, cached) for ep, has in zip(endpoints, held) if has)
+        fastest = min(self._idle_steps_seconds(ep, suffix) + self._own_prefill_seconds(ep, suffix, cached)
+                      for ep, has in zip(endpoints, held) if has)
         for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
             # The premium: the prefill of the prefix this candidate would not need if it held it,
             # at its own speed (a holder on a slower GPU would make it look smaller than it is).
-            premium = p.prefill_work_seconds - self._own_prefill_seconds(ep, suffix, cached)
+            warm = self._own_prefill_seconds(ep, suffix, cached)
+            premium = p.prefill_work_seconds - warm
             if premium <= 0.0:
                 continue
             gain = best.cost - (p.cost - premium)
@@ -242,7 +244,7 @@ class PredictedLatencyProducer(DataProducer):
             # arriving while it is made. If that pays its premium back within one window of the
             # prefix's requests (as far ahead as the rate looks back), it is credited in full: the
             # copy ranks as a hit would. Differences within the fit's noise are not speed.
-            speedup = fastest - self._idle_hit_seconds(ep, suffix, cached) * (1.0 + _SPEED_MARGIN)
+            speedup = fastest - (self._idle_steps_seconds(ep, suffix) + warm) * (1.0 + _SPEED_MARGIN)
             if speedup > 0.0 and speedup * rate * _RATE_WINDOW >= premium:
                 credit, reason = premium, "faster"
             else:
@@ -250,12 +252,12 @@ class PredictedLatencyProducer(DataProducer):
             p.cost -= credit
             p.copy_credit, p.copy_reason = credit, reason
 
-    @classmethod
-    def _idle_hit_seconds(cls, ep: Endpoint, own: int, cached: int) -> float:
-        """Time to first token of a prefix hit on `ep` with nothing queued or running: its speed."""
+    @staticmethod
+    def _idle_steps_seconds(ep: Endpoint, own: int) -> float:
+        """The steps' own time of prefilling `own` tokens on `ep` with nothing else running: with
+        `_own_prefill_seconds`, a prefix hit's time to first token there, its speed."""
         service = ep.service
-        steps = max(1, math.ceil(own / service.prior.max_batched_tokens))
-        return service.step_scale * service.prior.overhead * steps + cls._own_prefill_seconds(ep, own, cached)
+        return service.step_scale * service.prior.overhead * max(1, math.ceil(own / service.prior.max_batched_tokens))
 
     @staticmethod
     def _own_prefill_seconds(ep: Endpoint, own: int, cached: int) -> float:
