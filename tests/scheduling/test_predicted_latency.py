@@ -430,7 +430,7 @@ def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
     A copy on a clearly faster pod that pays its premium back within one window of the prefix's
     requests is credited in full (it ranks as a hit would); the same pods at one speed give no
     such credit, and neither does a prefix reused too rarely to pay it back."""
-    def credits(holder_scales: tuple[float, float], gap: float) -> list[Prediction]:
+    def credits(holder_scales: tuple[float, float], gap: float, prefill_utilization: float = 0.0) -> list[Prediction]:
         store = pool()
         producer = PredictedLatencyProducer(datastore=store)
         endpoints = list(store.endpoints())
@@ -441,6 +441,10 @@ def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
         found: list[Prediction] = []
         for i in range(6):  # the document's questions, `gap` seconds apart, on an idle pool
             now = 100.0 + gap * i
+            for ep in endpoints[1:]:
+                load = ep.load  # (a pod's work includes its prefill)
+                load.work_rate = load.prefill_rate = prefill_utilization
+                load.rates_at, load.rates_since = now, 0.0
             found = producer.predict_all(endpoints, match, 7_200, 100, now, stats)
             producer._credit_copies(endpoints, found, match, now)
         return found
@@ -457,3 +461,10 @@ def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
     rare = credits((1.6, 2.5), gap=60.0)  # a question a minute: the copy would not pay back
     assert all(p.copy_credit < 0.5 * premium for p in rare[1:])
     assert min(rare, key=lambda p: p.cost) is rare[0]
+    # A hit would not hold up the prefills queued behind it either: on a pod whose prefill is
+    # busy, the credit also covers the wait the premium's prefill adds to them.
+    # With the premium alone the idle slow holder kept winning there, however fast the others.
+    busy = credits((1.6, 2.5), gap=1.0, prefill_utilization=0.5)
+    assert all(p.copy_reason == "faster" and p.copy_credit == pytest.approx(2.0 * premium, rel=1e-3) for p in busy[1:])
+    assert min(busy, key=lambda p: p.cost) is not busy[0]
+

@@ -237,17 +237,21 @@ class PredictedLatencyProducer(DataProducer):
             premium = p.prefill_work_seconds - warm
             if premium <= 0.0:
                 continue
-            gain = best.cost - (p.cost - premium)
-            if gain <= 0.0:
-                continue
             # A copy on a faster pod gains every later request of the prefix, not only those
             # arriving while it is made. If that pays its premium back within one window of the
             # prefix's requests (as far ahead as the rate looks back), it is credited in full: the
-            # copy ranks as a hit would. Differences within the fit's noise are not speed.
-            speedup = fastest - (self._idle_steps_seconds(ep, suffix) + warm) * (1.0 + _SPEED_MARGIN)
+            # copy ranks as a hit would, without the premium and without the wait the premium's
+            # prefill adds to the prefills queued behind it (the externality's prefill term).
+            # Differences within the fit's noise are not speed.
+            hit = self._idle_steps_seconds(ep, suffix) + warm
+            speedup = fastest - hit * (1.0 + _SPEED_MARGIN)
             if speedup > 0.0 and speedup * rate * _RATE_WINDOW >= premium:
-                credit, reason = premium, "faster"
+                u_prefill = min(_MAX_UTILIZATION, ep.load.prefill_utilization_at(now))
+                credit, reason = premium / (1.0 - u_prefill), "faster"
             else:
+                gain = best.cost - (p.cost - premium)
+                if gain <= 0.0:
+                    continue
                 credit, reason = min(premium, gain * per_copy * premium), "busy"
             p.cost -= credit
             p.copy_credit, p.copy_reason = credit, reason
