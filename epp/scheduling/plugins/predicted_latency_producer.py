@@ -203,6 +203,8 @@ class PredictedLatencyProducer(DataProducer):
         A holder that is slower, not busier, is another case: a copy on a faster pod gains every
         later request of the prefix. In a pool that mixes GPU types, a document placed on a slow
         pod before the EPP had learned its speed otherwise stays there for good (BENCHMARKS.md).
+        Such a copy ranks as a hit would: credited its premium and the wait that premium's prefill
+        adds to the prefills queued behind it.
         """
         matched, hashes = match.matched, match.hashes
         if not matched or not hashes:
