@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=profiles(),
                         help=f"step-time profile (default {DEFAULT_PROFILE})")
     parser.add_argument("--num-gpu-blocks", type=int, default=None,
-                        help="KV-cache blocks (default: the profile's capacity)")
+                        help="KV-cache blocks of every pod, a --pods group's profile included (default: the profile's capacity)")
     parser.add_argument("--block-size", type=int, default=eng.block_size)
     parser.add_argument("--max-num-seqs", type=int, default=eng.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=eng.max_num_batched_tokens)
@@ -116,7 +116,8 @@ def pod_configs(args: argparse.Namespace, base: SimConfig) -> list[SimConfig]:
     """One configuration per pod from `--pods` (a count, or groups of pod shapes)."""
     groups = parse_pods(args.pods)
     out = []
-    for engine in engine_configs(groups, base.engine):
+    explicit = ("num_gpu_blocks",) if args.num_gpu_blocks else ()
+    for engine in engine_configs(groups, base.engine, explicit):
         cfg = dataclasses.replace(base, engine=engine)
         cfg.validate()
         out.append(cfg)

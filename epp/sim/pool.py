@@ -2,16 +2,20 @@
 
 A spec is comma-separated groups, each `COUNT[:PROFILE][:KEY=VALUE]...`: how many pods, the
 calibrated step-time profile they run (a unique prefix of its name is enough: `h100`, `a100`) and
-engine settings that differ from the base configuration. A group that names a profile gets that
-GPU's KV capacity (`kv_capacity_blocks`) unless it sets `num_gpu_blocks` itself; a plain count
-keeps the base configuration as it is. Used by `epp simulate` (virtual-time pods) and `epp sim`
-(HTTP pods) alike.
+engine settings that differ from the base configuration. A plain count keeps the base
+configuration as it is. A group that names a profile gets that GPU's KV capacity
+(`kv_capacity_blocks`), unless the capacity was given explicitly: by the group
+(`num_gpu_blocks=`), or for the whole run (a workload's `engine: {num_gpu_blocks: …}`, `epp sim
+--num-gpu-blocks`). An explicit capacity is a statement about the deployment (a larger model, a
+smaller memory share) that a GPU's default must not silently undo: a workload sized to put the
+KV cache under pressure keeps that pressure on every pool it runs on. Used by `epp simulate`
+(virtual-time pods) and `epp sim` (HTTP pods) alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from epp.sim.config import EngineConfig
@@ -67,14 +71,19 @@ def describe_pool(groups: Sequence[PodGroup], base_profile: str = "base") -> str
     return ", ".join(f"{g.count} x {g.describe(base_profile)}" for g in groups)
 
 
-def group_config(group: PodGroup, base: EngineConfig) -> EngineConfig:
-    """The engine configuration of the group's pods, validated."""
+def group_config(group: PodGroup, base: EngineConfig, explicit: Collection[str] = ()) -> EngineConfig:
+    """The engine configuration of the group's pods, validated. `explicit`: the base's settings
+    that were given explicitly (a workload's `engine` keys, flags on the command line)."""
     settings = dict(group.settings)
     cfg = dataclasses.replace(base, **settings)
     if group.profile is not None:
         cfg.step_profile = group.profile
-    if "num_gpu_blocks" not in settings and (group.profile is not None or "block_size" in settings):
-        cfg.num_gpu_blocks = kv_capacity_blocks(cfg.step_profile, cfg.block_size)
+    if "num_gpu_blocks" not in settings:
+        if "num_gpu_blocks" in explicit:
+            if cfg.block_size != base.block_size:  # the same tokens in blocks of another size
+                cfg.num_gpu_blocks = base.num_gpu_blocks * base.block_size // cfg.block_size
+        elif group.profile is not None or "block_size" in settings:
+            cfg.num_gpu_blocks = kv_capacity_blocks(cfg.step_profile, cfg.block_size)
     try:
         cfg.validate()
     except ValueError as exc:
@@ -82,11 +91,12 @@ def group_config(group: PodGroup, base: EngineConfig) -> EngineConfig:
     return cfg
 
 
-def engine_configs(groups: Sequence[PodGroup], base: EngineConfig) -> list[EngineConfig]:
+def engine_configs(groups: Sequence[PodGroup], base: EngineConfig,
+                   explicit: Collection[str] = ()) -> list[EngineConfig]:
     """One configuration per pod, in pod order (the groups' pods one after the other)."""
     out: list[EngineConfig] = []
     for g in groups:
-        cfg = group_config(g, base)
+        cfg = group_config(g, base, explicit)
         out.extend(dataclasses.replace(cfg) for _ in range(g.count))
     return out
 

@@ -53,6 +53,26 @@ def test_groups_take_their_profiles_capacity_and_settings() -> None:
     assert kv_capacity_blocks("h100-llama3-8b", 32) * 32 == 28275 * 16 // 32 * 32
 
 
+def test_an_explicit_capacity_is_kept_by_every_profile() -> None:
+    """A KV capacity the run gave explicitly (a workload's `engine`, `epp sim --num-gpu-blocks`) is
+    a statement about the deployment; a GPU profile's default does not undo it (in tokens, when a
+    group changes the block size), and a group's own setting still wins."""
+    groups = parse_pods("1:h100,1:a100,1,1:a100:num_gpu_blocks=900,1:h100:block_size=32")
+    cfgs = engine_configs(groups, EngineConfig(num_gpu_blocks=1000), explicit=("num_gpu_blocks",))
+    assert [c.num_gpu_blocks for c in cfgs] == [1000, 1000, 1000, 900, 500]
+    assert [c.step_profile for c in cfgs][:2] == ["h100-llama3-8b", "a100-llama3-8b"]
+
+
+def test_a_workloads_capacity_holds_on_a_mixed_pool() -> None:
+    """The B2B workloads size the KV cache to put it under pressure; on `8:h100,8:a100` the pods
+    used to get the profiles' 28k blocks instead, and the KV pressure was gone."""
+    sized = parse_workload(TINY + "engine: {num_gpu_blocks: 3000}\n")
+    cluster = Cluster(sized, reference_router("round-robin"), pods="1:h100,1:a100")
+    assert [c.num_gpu_blocks for c in cluster.pod_configs] == [3000, 3000]
+    plain = Cluster(parse_workload(TINY), reference_router("round-robin"), pods="1:h100,1:a100")
+    assert [c.num_gpu_blocks for c in plain.pod_configs] == [28275, 28437]
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("", "empty"),
     ("x", "starts with a pod count"),
@@ -115,7 +135,7 @@ def test_simulate_cli_takes_a_pod_spec(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["simulate", "--workload", str(workload), "--pods", "1:h100,1:a100:max_num_seqs=8",
                  "--policy", "round-robin", "--json", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "pods 1 x h100-llama3-8b, 1 x a100-llama3-8b:max_num_seqs=8" in err
+    assert "pods 1 x h100-llama3-8b, 1 x a100-llama3-8b:max_num_seqs=8; KV blocks per pod, by group: 28275, 28437" in err
     assert '"pods": 2' in out.read_text()
     assert main(["simulate", "--workload", str(workload), "--pods", "2:b200"]) == 2
     assert "unknown step-time profile 'b200'" in capsys.readouterr().err
@@ -129,6 +149,9 @@ def test_epp_sim_builds_one_config_per_pod() -> None:
     assert [c.engine.step_profile for c in configs] == ["a100-llama3-8b"] + ["h100-llama3-8b"] * 2
     assert [c.engine.max_num_seqs for c in configs] == [32, 16, 16]
     assert [c.engine.num_gpu_blocks for c in configs] == [28437, 28275, 28275]
+    sized = p.parse_args(["--pods", "1:a100,1:h100:num_gpu_blocks=700", "--num-gpu-blocks", "2000"])
+    configs = sim_cli.pod_configs(sized, sim_cli.config_from_args(sized))
+    assert [c.engine.num_gpu_blocks for c in configs] == [2000, 700]
     bad = p.parse_args(["--pods", "1:a100:max_loras=-1"])
     assert sim_cli.run(bad) == 2
 

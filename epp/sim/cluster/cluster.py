@@ -124,7 +124,9 @@ class Cluster:
         self.sample_interval = sample_interval
         self.sim_config = sim_config or workload.sim_config()
         self.groups = parse_pods(pods) if isinstance(pods, (int, str)) else list(pods)
-        self.pod_configs: list[EngineConfig] = engine_configs(self.groups, self.sim_config.engine)
+        # A workload's own engine settings are explicit: a GPU profile's KV capacity does not undo them.
+        explicit = workload.engine if sim_config is None else ()
+        self.pod_configs: list[EngineConfig] = engine_configs(self.groups, self.sim_config.engine, explicit)
         base_profile = self.sim_config.engine.step_profile
         self.pod_shapes = [g.describe(base_profile) for g in self.groups for _ in range(g.count)]
         self.pool = describe_pool(self.groups, base_profile)

@@ -17,7 +17,7 @@ from epp.sim.cluster.kv_feed import DEFAULT_DELAY
 from epp.sim.cluster.report import Report, build_report
 from epp.sim.cluster.routers import POLICY_ALIASES, REFERENCE_POLICIES, Router, reference_router
 from epp.sim.cluster.workload import Workload
-from epp.sim.pool import PodGroup, describe_pool, parse_pods
+from epp.sim.pool import PodGroup, describe_pool, group_config, parse_pods
 
 POLICIES = ("epp", *REFERENCE_POLICIES)
 
@@ -89,7 +89,11 @@ def simulate(workload: Workload, *, pods: Pods, policies: Sequence[Policy] = ("e
     if isinstance(pods, (int, str)):
         pods = parse_pods(pods)
     if progress and (len(pods) > 1 or pods[0].profile or pods[0].settings):
-        progress(f"{workload.name}: pods {describe_pool(pods, workload.sim_config().engine.step_profile)}")
+        engine = workload.sim_config().engine
+        blocks = ", ".join(str(group_config(g, engine, workload.engine).num_gpu_blocks) for g in pods)
+        source = " (the workload's num_gpu_blocks)" if "num_gpu_blocks" in workload.engine else ""
+        progress(f"{workload.name}: pods {describe_pool(pods, engine.step_profile)}; "
+                 f"KV blocks per pod, by group: {blocks}{source}")
     reports = []
     for policy in policies:
         name = policy.name if isinstance(policy, EppArm) else policy
