@@ -117,6 +117,22 @@ def test_prefill_profile_target_is_recorded_too() -> None:
     assert sorted(producer.index.servers()) == sorted(ep.address for ep in eps)
 
 
+def test_a_requests_blocks_are_pinned_on_every_target_until_it_ends() -> None:
+    """Pinned from the pick on the decode and the prefill pod alike (vLLM evicts no running
+    request's blocks), and unpinned on both when request control reports the end, whatever the
+    end (an error has no endpoint and no usage)."""
+    eps = [endpoint("10.0.0.1"), endpoint("10.0.0.2")]
+    producer = ApproxPrefixCacheProducer()
+    for end in (eps[0], None):
+        req = request(SYSTEM)
+        producer.pre_request(req, SchedulingResult(
+            "decode", {"decode": ProfileResult(targets=[eps[0]]), "prefill": ProfileResult(targets=[eps[1]])}))
+        blocks = len(producer.lookup(req, eps).hashes)
+        assert [producer.index.pinned(ep.address) for ep in eps] == [blocks, blocks]
+        producer.response_complete(req, end, None)
+        assert [producer.index.pinned(ep.address) for ep in eps] == [0, 0]
+
+
 def test_the_match_lives_in_the_cycle_not_in_the_plugin() -> None:
     """pre_request reads the match its own cycle computed; the producer keeps no request table."""
     eps = [endpoint("10.0.0.1"), endpoint("10.0.0.2")]

@@ -31,7 +31,9 @@ def test_a_requests_whole_footprint_fills_the_lru() -> None:
     pushes out old prefixes exactly as it would in the engine."""
     index = PrefixIndex()
     index.add([1, 2], "a:1", 10)
+    index.touch([1, 2], "a:1")  # (each request ends before the next: nothing pinned)
     index.add([3], "a:1", 10, extra_blocks=7)  # 1 + 7 more blocks of its own: 10 in all
+    index.touch([3], "a:1")
     assert index.server_weight("a:1") == 10 and index.match([1, 2]) == {"a:1": 2}
     index.add([4], "a:1", 10, extra_blocks=1)  # 2 more: the oldest (2 then 1) go
     assert index.match([1]) == {} and index.match([3]) == {"a:1": 1}
@@ -64,3 +66,32 @@ def test_a_match_ends_at_the_first_block_an_endpoint_lacks() -> None:
     index.add([9], "C", 100)
     assert index.match([9, 2]) == {"C": 1}
     assert index.match([5, 1]) == {}
+
+
+def test_a_request_in_flight_keeps_its_blocks() -> None:
+    """vLLM evicts only blocks no running request holds: a prefix whose request is still in
+    flight stays, however old its pick, and the ended requests' blocks go first."""
+    index = PrefixIndex()
+    index.add([1, 2], "a:1", 4)  # in flight
+    index.add([3, 4], "a:1", 4)
+    index.touch([3, 4], "a:1")  # ended
+    index.add([5, 6], "a:1", 4)  # in flight: two blocks must go
+    assert index.match([1, 2]) == {"a:1": 2} and index.match([3]) == {} and index.match([5, 6]) == {"a:1": 2}
+    assert index.pinned("a:1") == 4
+    index.touch([1, 2], "a:1")
+    index.touch([5, 6], "a:1")
+    index.add([7, 8], "a:1", 4)  # now the oldest ended blocks go: 1 and 2 (ended before 5, 6)
+    assert index.match([1]) == {} and index.match([5, 6]) == {"a:1": 2}
+
+
+def test_pins_beyond_the_cache_do_not_stop_eviction() -> None:
+    """Ends that never came (another writer's lost record) cannot wedge the index: when pins
+    alone fill the capacity the oldest blocks go as in a plain LRU, and `unpin_all` clears them."""
+    index = PrefixIndex()
+    index.add([1, 2], "a:1", 2)
+    index.add([3], "a:1", 2)  # three pinned keys in a capacity of two: the oldest (2) goes
+    assert index.server_weight("a:1") == 2 and index.match([1]) == {"a:1": 1} and index.match([2]) == {}
+    index.unpin_all("a:1")
+    assert index.pinned("a:1") == 0
+    index.remove_server("a:1")
+    assert index.pinned("a:1") == 0

@@ -10,6 +10,15 @@ prefixes as the engine does. Within a request, blocks are recorded tail first, s
 of a prompt is the most recent and the last to go — the order in which vLLM frees a finished
 request's blocks to its eviction queue. Evicting a key removes that endpoint from the key's
 holder set.
+
+A request's blocks are pinned from its pick (`add`) to its end (`touch`): vLLM never evicts the
+blocks of a running request, only those in its free queue, so on a pod whose running requests
+hold most of the cache a prefix goes soon after its last request ends, however recently it was
+picked — an LRU by pick time believed such pods held several prefixes more than they did (on a
+mixed pool under KV pressure 8% of picks went to a pod that had evicted the prefix; BENCHMARKS.md).
+Eviction passes over pinned keys (they are in use, so recent) unless pins fill the whole
+capacity (an end that never came: a lost record of another writer); `unpin_all` clears a
+server's pins when nothing is in flight there.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from collections.abc import Sequence
 
 
 class PrefixIndex:
-    __slots__ = ("_lrus", "_weights", "_holders", "_entries", "_anonymous")
+    __slots__ = ("_lrus", "_weights", "_holders", "_entries", "_anonymous", "_pins")
 
     def __init__(self) -> None:
         self._lrus: dict[str, OrderedDict[int, int]] = {}  # server -> key -> weight (blocks)
@@ -28,6 +37,7 @@ class PrefixIndex:
         self._holders: dict[int, set[str]] = {}
         self._entries = 0  # hashed keys held, over all servers
         self._anonymous = itertools.count(-1, -1)  # keys of footprint entries (never matched)
+        self._pins: dict[str, dict[int, int]] = {}  # server -> key -> requests in flight using it
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Leading blocks matched per endpoint: an endpoint's match ends at the first block it
@@ -63,18 +73,22 @@ class PrefixIndex:
 
     def add(self, hashes: Sequence[int], server: str, capacity: int, extra_blocks: int = 0) -> None:
         """Record that `server` now caches these blocks, after `extra_blocks` more of this
-        request's own (its unhashed prompt tail and output); evict its oldest beyond `capacity`."""
+        request's own (its unhashed prompt tail and output), pinned until the request's `touch`;
+        evict the oldest unpinned beyond `capacity`."""
         lru = self._lrus.get(server)
         if lru is None:
             lru = self._lrus[server] = OrderedDict()
             self._weights[server] = 0
+            self._pins[server] = {}
         holders = self._holders
+        pins = self._pins[server]
         weight = self._weights[server]
         if extra_blocks > 0:
             lru[next(self._anonymous)] = extra_blocks
             weight += extra_blocks
         added = 0
         for key in reversed(hashes):
+            pins[key] = pins.get(key, 0) + 1
             if key in lru:
                 lru.move_to_end(key)
             else:
@@ -88,22 +102,49 @@ class PrefixIndex:
                     servers.add(server)
         self._entries += added
         capacity = max(capacity, 0)
+        # Pins beyond the cache are stale (the oldest go regardless); a pinned key is in use, as
+        # recent as anything, and passed over at most once per add.
+        passes = len(lru) if len(pins) <= capacity else 0
         while weight > capacity and lru:
+            if passes:
+                old = next(iter(lru))
+                if old in pins:
+                    lru.move_to_end(old)
+                    passes -= 1
+                    continue
             old, w = lru.popitem(last=False)
             weight -= w
             if old >= 0:
                 self._forget(old, server)
                 self._entries -= 1
+                pins.pop(old, None)
         self._weights[server] = weight
 
     def touch(self, hashes: Sequence[int], server: str) -> None:
-        """The blocks were used again (a request that held them ended): they are recent."""
+        """A request that held the blocks ended: they are unpinned, and recent."""
         lru = self._lrus.get(server)
         if lru is None:
             return
+        pins = self._pins[server]
         for key in reversed(hashes):
+            n = pins.get(key)
+            if n is not None:
+                if n > 1:
+                    pins[key] = n - 1
+                else:
+                    del pins[key]
             if key in lru:
                 lru.move_to_end(key)
+
+    def unpin_all(self, server: str) -> None:
+        """Nothing is in flight on `server`: whatever is still pinned there is stale."""
+        pins = self._pins.get(server)
+        if pins:
+            pins.clear()
+
+    def pinned(self, server: str) -> int:
+        """Keys pinned on `server` by requests in flight."""
+        return len(self._pins.get(server, ()))
 
     def forget(self, hashes: Sequence[int], server: str) -> None:
         """`server` no longer holds these blocks (its engine said it had evicted them)."""
@@ -117,6 +158,7 @@ class PrefixIndex:
                 self._forget(key, server)
 
     def remove_server(self, server: str) -> None:
+        self._pins.pop(server, None)
         lru = self._lrus.pop(server, None)
         self._weights.pop(server, None)
         if lru is None:

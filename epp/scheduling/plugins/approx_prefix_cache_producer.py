@@ -11,7 +11,8 @@ does, so a burst of similar prompts already benefits before any response arrives
 What fits: the LRU is charged each request's whole KV footprint (prompt and expected output, in
 the endpoint's blocks, with the model's learned characters per token), not only the hashed prefix,
 so it forgets as the engine does; when a request ends its prefix is touched again (vLLM frees a
-finished request's blocks to the tail of its eviction queue). Where responses report their cached
+finished request's blocks to the tail of its eviction queue); until then its blocks are pinned,
+as vLLM never evicts a running request's blocks. Where responses report their cached
 prompt tokens (vLLM's `--enable-prompt-tokens-details`), every shortfall against the prediction
 shrinks that endpoint's believed capacity, and matching predictions let it grow back. Endpoints
 that leave the datastore leave the index.
@@ -237,7 +238,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         extra = max(0, int(footprint / tpb) - len(match.hashes))
         for endpoint in targets:
             self.index.add(match.hashes, endpoint.address, self.lru_capacity(endpoint, tpb), extra)
-        request.state[self.name] = (match, target.address)
+        request.state[self.name] = (match, target.address, [e.address for e in targets])
         self._record(match, target)
 
     def _footprint_tokens(self, request: InferenceRequest, prompt_chars: int) -> int:
@@ -249,12 +250,17 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         held = request.state.pop(self.name, None)
-        if held is None or endpoint is None:
+        if held is None:
             return
-        match, address = held
-        if address != endpoint.address:
+        match, address, pinned = held
+        for server in pinned:  # its blocks are no longer in use there: unpinned, and recent
+            self.index.touch(match.hashes, server)
+            if self._datastore is not None:
+                ep = self._datastore.get(server)
+                if ep is not None and ep.load.requests == 0:
+                    self.index.unpin_all(server)
+        if endpoint is None or address != endpoint.address:
             return
-        self.index.touch(match.hashes, address)
         if usage is None or not usage.cached_reported:
             return
         predicted = match.matched.get(address, 0)
