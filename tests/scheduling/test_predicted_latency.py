@@ -238,14 +238,16 @@ DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the app
 
 def route_document_requests(copy_credit: bool, documents: int = 1, count: int = 60,
                             gap: float = 0.02, metrics: object = None, results: list[object] | None = None,
-                            first_gap: float | None = None) -> list[tuple[str, Prediction]]:
+                            first_gap: float | None = None, kv_usage: float = 0.0) -> list[tuple[str, Prediction]]:
     """Route `count` questions over `documents` shared documents, `gap` seconds apart, none
-    ending (each first byte comes when predicted): the chosen pod and its prediction, per request."""
+    ending (each first byte comes when predicted): the chosen pod and its prediction, per request.
+    `kv_usage`: the share of every pod's KV cache its last scrape showed in use."""
     now = [100.0]
     store = Datastore(clock=lambda: now[0])
     for i in range(PODS):
         ep = store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000))
-        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=now[0]))
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=kv_usage,
+                                          update_time=now[0]))
     config = f"""
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -349,6 +351,16 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
     assert all(p.copy_reason == "busy" for _, p in with_credit if p.copy_credit > 0.0)  # one speed: a busy holder
     assert registry.get_sample_value("inference_extension_prefix_copy_credit_seconds_total") == pytest.approx(
         sum(p.copy_credit for _, p in with_credit))
+
+
+def test_no_copy_goes_where_the_kv_has_no_room_for_it() -> None:
+    """A copy adds capacity only where the pod's KV can take it: on pods whose requests in flight
+    fill their caches (deep overload), the copy's blocks would wait for others to end and push
+    another prefix out. The same traffic that earns copies on roomy pods earns none there."""
+    roomy = route_document_requests(True, gap=0.025, first_gap=0.1)
+    full = route_document_requests(True, gap=0.025, first_gap=0.1, kv_usage=0.999)
+    assert any(p.copy_credit > 0.0 for _, p in roomy)
+    assert all(p.copy_credit == 0.0 for _, p in full)
 
 
 def test_a_prefix_seen_once_is_no_reason_to_copy_it() -> None:

@@ -160,6 +160,11 @@ def test_autotune_reads_block_size_from_first_candidate_and_capacity_per_endpoin
     req = request(b"z" * 128 * 5)
     producer.prepare(cycle(), req, eps)
     producer.pre_request(req, SchedulingResult("d", {"d": ProfileResult(targets=[eps[0]])}))
+    assert producer.index.server_entries(eps[0].address) == 5  # in flight: its blocks are all in use
+    producer.response_complete(req, eps[0], None)
+    again = request(b"y" * 128 * 2)
+    producer.prepare(cycle(), again, eps)
+    producer.pre_request(again, SchedulingResult("d", {"d": ProfileResult(targets=[eps[0]])}))
     assert producer.index.server_entries(eps[0].address) == 3  # LRU sized from cache_num_blocks
 
 
@@ -272,3 +277,29 @@ def test_index_match_counts_runs_exactly_as_the_per_block_definition() -> None:
             if not set(expected) - stopped:
                 break
         assert index.match(query) == expected
+
+
+def test_pins_whose_ends_were_lost_are_cleared_by_the_ledger() -> None:
+    """Another writer's ends can be lost (a ring or a replica's stream overflowed): pins of
+    requests the ledger no longer has in flight would otherwise hold their prefixes forever on a
+    pod that never idles. When more requests pin a pod than twice the ledger's in flight (plus a
+    little slack for the writers' lag), its pins are cleared, and the reset is counted."""
+    store = Datastore()
+    a = store.upsert(EndpointSpec(name="a", ip="10.0.0.1", port=8000))
+    producer = ApproxPrefixCacheProducer.from_config("p", Params(None, "x"), PluginContext(datastore=store))
+    lost = [request(f"lost {i} " + SYSTEM) for i in range(12)]
+    for req in lost:  # picked here, their ends never reported
+        producer.pre_request(req, SchedulingResult("d", {"d": ProfileResult(targets=[a])}))
+    a.load.requests = 3  # what the ledger has in flight there
+    live = request("live " + SYSTEM)
+    producer.pre_request(live, SchedulingResult("d", {"d": ProfileResult(targets=[a])}))
+    assert producer.index.pinning(a.address) == 13
+    producer.response_complete(live, a, None)  # 12 pinning > 2 × 3 + 4: stale
+    assert producer.index.pinned(a.address) == 0 and producer.index.pinning(a.address) == 0
+    assert producer.stale_pin_resets == 1
+    keep = [request(f"keep {i} " + SYSTEM) for i in range(4)]
+    for req in keep:
+        producer.pre_request(req, SchedulingResult("d", {"d": ProfileResult(targets=[a])}))
+    producer.response_complete(keep[0], a, None)  # 3 pinning, 3 in flight: kept
+    assert producer.index.pinning(a.address) == 3 and producer.index.pinned(a.address) > 0
+    assert producer.stale_pin_resets == 1

@@ -19,6 +19,7 @@ def test_lru_eviction_drops_index_entries_tail_first() -> None:
     eviction queue in reverse), so its shared head is the last to go."""
     index = PrefixIndex()
     index.add([1, 2, 3], "a:1", 3)
+    index.touch([1, 2, 3], "a:1")  # (it ended: nothing pinned)
     index.add([4], "a:1", 3)  # evicts 3, the tail
     assert index.server_entries("a:1") == 3
     assert index.match([3]) == {}
@@ -43,6 +44,7 @@ def test_a_requests_whole_footprint_fills_the_lru() -> None:
 def test_eviction_on_one_endpoint_keeps_the_key_for_others() -> None:
     index = PrefixIndex()
     index.add([1], "a:1", 1)
+    index.touch([1], "a:1")
     index.add([1], "b:1", 1)
     index.add([2], "a:1", 1)  # evicts 1 from a only
     assert index.match([1]) == {"b:1": 1}
@@ -84,14 +86,32 @@ def test_a_request_in_flight_keeps_its_blocks() -> None:
     assert index.match([1]) == {} and index.match([5, 6]) == {"a:1": 2}
 
 
-def test_pins_beyond_the_cache_do_not_stop_eviction() -> None:
-    """Ends that never came (another writer's lost record) cannot wedge the index: when pins
-    alone fill the capacity the oldest blocks go as in a plain LRU, and `unpin_all` clears them."""
+def test_pins_beyond_the_cache_stay_until_their_requests_end() -> None:
+    """In deep overload a pod's queued requests name more prefixes than its cache holds; vLLM
+    admits each beside a running request of its prefix, so none of them is forgotten while in
+    flight. Ended ones go first, and `unpin_all` (the producer's answer to lost ends) lets the
+    LRU trim to its capacity again."""
     index = PrefixIndex()
     index.add([1, 2], "a:1", 2)
-    index.add([3], "a:1", 2)  # three pinned keys in a capacity of two: the oldest (2) goes
-    assert index.server_weight("a:1") == 2 and index.match([1]) == {"a:1": 1} and index.match([2]) == {}
+    index.add([3], "a:1", 2)  # three keys in use in a capacity of two: all kept
+    assert index.server_weight("a:1") == 3 and index.match([1, 2]) == {"a:1": 2} and index.match([3]) == {"a:1": 1}
+    assert index.pinning("a:1") == 2
+    index.touch([3], "a:1")
+    index.add([4], "a:1", 2)  # the ended one goes; the in-flight ones stay
+    assert index.match([3]) == {} and index.match([1, 2]) == {"a:1": 2} and index.match([4]) == {"a:1": 1}
     index.unpin_all("a:1")
-    assert index.pinned("a:1") == 0
+    assert index.pinned("a:1") == 0 and index.pinning("a:1") == 0
+    index.add([5], "a:1", 2)  # nothing pinned but 5: back within the capacity, oldest first
+    assert index.server_weight("a:1") == 2 and index.match([5]) == {"a:1": 1}
     index.remove_server("a:1")
+    assert index.pinned("a:1") == 0 and index.pinning("a:1") == 0
+
+
+def test_an_evicted_block_is_no_longer_in_use() -> None:
+    """The engine said it evicted a block (a queued request's prefix): its pin goes with it."""
+    index = PrefixIndex()
+    index.add([1, 2], "a:1", 10)
+    index.forget([2], "a:1")
+    assert index.pinned("a:1") == 1 and index.match([1, 2]) == {"a:1": 1}
+    index.touch([1, 2], "a:1")
     assert index.pinned("a:1") == 0

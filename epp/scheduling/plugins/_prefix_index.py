@@ -16,9 +16,15 @@ blocks of a running request, only those in its free queue, so on a pod whose run
 hold most of the cache a prefix goes soon after its last request ends, however recently it was
 picked — an LRU by pick time believed such pods held several prefixes more than they did (on a
 mixed pool under KV pressure 8% of picks went to a pod that had evicted the prefix; BENCHMARKS.md).
-Eviction passes over pinned keys (they are in use, so recent) unless pins fill the whole
-capacity (an end that never came: a lost record of another writer); `unpin_all` clears a
-server's pins when nothing is in flight there.
+Eviction passes over pinned keys (they are in use, so recent) and never takes one, even when
+the pinned keys alone outgrow the capacity: in deep overload a pod's queued requests name more
+prefixes than its cache holds, and vLLM admits a queued request beside a running one of the
+same prefix, sharing its blocks. An LRU that dropped those prefixes sent their next requests to
+a third pod, which spread every document thinner still (on a mixed pool in deep overload, 22%
+of picks found no holder at all; BENCHMARKS.md). Ends that never come (a lost record of another
+writer) are bounded by the request control's ledger: `unpin_all` clears a server's pins when
+nothing is in flight there, or when the requests pinning it outnumber those the ledger has in
+flight (the producer checks both at every end).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from collections.abc import Sequence
 
 
 class PrefixIndex:
-    __slots__ = ("_lrus", "_weights", "_holders", "_entries", "_anonymous", "_pins")
+    __slots__ = ("_lrus", "_weights", "_holders", "_entries", "_anonymous", "_pins", "_pinning")
 
     def __init__(self) -> None:
         self._lrus: dict[str, OrderedDict[int, int]] = {}  # server -> key -> weight (blocks)
@@ -38,6 +44,7 @@ class PrefixIndex:
         self._entries = 0  # hashed keys held, over all servers
         self._anonymous = itertools.count(-1, -1)  # keys of footprint entries (never matched)
         self._pins: dict[str, dict[int, int]] = {}  # server -> key -> requests in flight using it
+        self._pinning: dict[str, int] = {}  # server -> requests in flight there (adds less touches)
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Leading blocks matched per endpoint: an endpoint's match ends at the first block it
@@ -74,12 +81,13 @@ class PrefixIndex:
     def add(self, hashes: Sequence[int], server: str, capacity: int, extra_blocks: int = 0) -> None:
         """Record that `server` now caches these blocks, after `extra_blocks` more of this
         request's own (its unhashed prompt tail and output), pinned until the request's `touch`;
-        evict the oldest unpinned beyond `capacity`."""
+        evict the oldest unpinned beyond `capacity` (pinned ones stay, beyond it if need be)."""
         lru = self._lrus.get(server)
         if lru is None:
             lru = self._lrus[server] = OrderedDict()
             self._weights[server] = 0
             self._pins[server] = {}
+        self._pinning[server] = self._pinning.get(server, 0) + 1
         holders = self._holders
         pins = self._pins[server]
         weight = self._weights[server]
@@ -102,22 +110,18 @@ class PrefixIndex:
                     servers.add(server)
         self._entries += added
         capacity = max(capacity, 0)
-        # Pins beyond the cache are stale (the oldest go regardless); a pinned key is in use, as
-        # recent as anything, and passed over at most once per add.
-        passes = len(lru) if len(pins) <= capacity else 0
-        while weight > capacity and lru:
-            if passes:
-                old = next(iter(lru))
-                if old in pins:
-                    lru.move_to_end(old)
-                    passes -= 1
-                    continue
+        # A pinned key is in use, as recent as anything: passed over (to the recent end), and
+        # kept when only pinned keys are left (the pinned keys are always in the LRU).
+        while weight > capacity and len(lru) > len(pins):
+            old = next(iter(lru))
+            if old in pins:
+                lru.move_to_end(old)
+                continue
             old, w = lru.popitem(last=False)
             weight -= w
             if old >= 0:
                 self._forget(old, server)
                 self._entries -= 1
-                pins.pop(old, None)
         self._weights[server] = weight
 
     def touch(self, hashes: Sequence[int], server: str) -> None:
@@ -126,6 +130,7 @@ class PrefixIndex:
         if lru is None:
             return
         pins = self._pins[server]
+        self._pinning[server] = max(0, self._pinning.get(server, 0) - 1)
         for key in reversed(hashes):
             n = pins.get(key)
             if n is not None:
@@ -141,17 +146,25 @@ class PrefixIndex:
         pins = self._pins.get(server)
         if pins:
             pins.clear()
+        if server in self._pinning:
+            self._pinning[server] = 0
 
     def pinned(self, server: str) -> int:
         """Keys pinned on `server` by requests in flight."""
         return len(self._pins.get(server, ()))
+
+    def pinning(self, server: str) -> int:
+        """Requests whose blocks are pinned on `server` (added and not yet touched)."""
+        return self._pinning.get(server, 0)
 
     def forget(self, hashes: Sequence[int], server: str) -> None:
         """`server` no longer holds these blocks (its engine said it had evicted them)."""
         lru = self._lrus.get(server)
         if lru is None:
             return
+        pins = self._pins.get(server, {})
         for key in hashes:
+            pins.pop(key, None)  # (only a queued request's use: vLLM never evicts a running one's)
             if lru.pop(key, None) is not None:
                 self._weights[server] -= 1
                 self._entries -= 1
@@ -159,6 +172,7 @@ class PrefixIndex:
 
     def remove_server(self, server: str) -> None:
         self._pins.pop(server, None)
+        self._pinning.pop(server, None)
         lru = self._lrus.pop(server, None)
         self._weights.pop(server, None)
         if lru is None:

@@ -12,14 +12,16 @@ What fits: the LRU is charged each request's whole KV footprint (prompt and expe
 the endpoint's blocks, with the model's learned characters per token), not only the hashed prefix,
 so it forgets as the engine does; when a request ends its prefix is touched again (vLLM frees a
 finished request's blocks to the tail of its eviction queue); until then its blocks are pinned,
-as vLLM never evicts a running request's blocks. Where responses report their cached
-prompt tokens (vLLM's `--enable-prompt-tokens-details`), every shortfall against the prediction
+as vLLM never evicts a running request's blocks (a queued one's prefix stays in the index too:
+vLLM admits it beside a running request of the same prefix, sharing its blocks). Where responses
+report their cached prompt tokens (vLLM's `--enable-prompt-tokens-details`), every shortfall against the prediction
 shrinks that endpoint's believed capacity, and matching predictions let it grow back. Endpoints
 that leave the datastore leave the index.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -90,6 +92,9 @@ class PrefixCacheStats:
 
 
 _MIN_CAPACITY_SCALE = 0.2
+_PIN_SLACK = 4  # requests: the other writers' records reach this index a pick or so late
+
+log = logging.getLogger(__name__)
 
 
 def _kv_index_blocks(metrics: EndpointMetrics, tokens_per_block: float | None, scale: float) -> int:
@@ -118,6 +123,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         self._capacity_scale: dict[str, float] = {}
         # Set by the runner: (hit ratio, hit bytes) of each pick, for the reference's histograms.
         self.observer: Callable[[float, int], None] | None = None
+        self.stale_pin_resets = 0  # servers whose pins outlived their requests (ends lost)
 
     @classmethod
     def from_config(cls, name: str, params: Params, ctx: PluginContext) -> ApproxPrefixCacheProducer:
@@ -257,7 +263,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
             self.index.touch(match.hashes, server)
             if self._datastore is not None:
                 ep = self._datastore.get(server)
-                if ep is not None and ep.load.requests == 0:
+                if ep is not None and self._pins_stale(server, ep.load.requests):
                     self.index.unpin_all(server)
         if endpoint is None or address != endpoint.address:
             return
@@ -273,6 +279,18 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         else:
             scale = min(1.0, scale * 1.01)
         self._capacity_scale[address] = scale
+
+    def _pins_stale(self, server: str, in_flight: int) -> bool:
+        """Whether `server`'s pins outlive their requests: nothing is in flight there, or more
+        requests pin it than the ledger has in flight (ends lost between writers), with slack
+        for the lag between the ledger's counts and the other writers' records."""
+        pinning = self.index.pinning(server)
+        stale = in_flight == 0 or pinning > 2 * in_flight + _PIN_SLACK
+        if stale and pinning > 0 and in_flight > 0:
+            self.stale_pin_resets += 1
+            log.info("prefix index: %d requests pin %s, the ledger has %d in flight; its pins cleared",
+                     pinning, server, in_flight)
+        return stale
 
     def _record(self, match: PrefixMatch, target: Endpoint) -> None:
         stats = self._stats

@@ -37,7 +37,7 @@ Parameters (all optional):
 - `learn` (true): learn each pod's rates from what it answers.
 - `copyCredit` (true): value a new copy of a reused prefix on a pod without it (`_credit_copies`),
   so a hot document or system prompt spreads to more pods once its holders are overloaded, and a
-  reused one placed on a slower GPU moves to a faster one.
+  reused one placed on a slower GPU moves to a faster one — onto pods whose KV has room for it.
 
 ```yaml
 plugins:
@@ -238,6 +238,14 @@ class PredictedLatencyProducer(DataProducer):
             warm = self._own_prefill_seconds(ep, suffix, cached)
             premium = p.prefill_work_seconds - warm
             if premium <= 0.0:
+                continue
+            # A copy adds capacity only where it has room: on a pod whose requests in flight fill
+            # its KV the copy's blocks wait for others to end and push another prefix out, and
+            # every copy there is one more prefix its queue cycles through (in deep overload,
+            # copies onto full pods had each document on 1.7 pods against the weighted sum's
+            # 1.3, and every pod recomputing; BENCHMARKS.md).
+            free = self._kv_free_tokens(ep)
+            if free is not None and free < p.own_prefill + p.output_tokens:
                 continue
             # A copy on a faster pod gains every later request of the prefix, not only those
             # arriving while it is made. If that pays its premium back within one window of the
@@ -505,15 +513,25 @@ class PredictedLatencyProducer(DataProducer):
         step = ep.service.step_seconds(decoding, context)
         return _ADAPTER_LOAD_SECONDS + max(1.0, mean_output * 0.5) * step
 
-    def _kv_wait(self, ep: Endpoint, own: int, decoding: float, context: float, mean_output: float) -> float:
-        """Seconds until the pod's KV cache can take this prompt's uncached blocks."""
+    @staticmethod
+    def _kv_free_tokens(ep: Endpoint) -> float | None:
+        """KV tokens free on the pod (None: it does not say its cache size): the scrape's, less
+        what the EPP sent since (its ledger grew by that much)."""
         m = ep.metrics
         capacity = m.cache_num_blocks * m.cache_block_size
-        if capacity <= 0 or decoding <= 0.0:
-            return 0.0
-        # KV in use: the scrape's, plus what the EPP sent since (its ledger grew by that much).
+        if capacity <= 0:
+            return None
         used = max(m.kv_cache_usage * capacity, 0.0) + max(0, ep.load.footprint_tokens - ep.load.footprint_at_scrape)
-        short = used + own - capacity
+        return capacity - used
+
+    def _kv_wait(self, ep: Endpoint, own: int, decoding: float, context: float, mean_output: float) -> float:
+        """Seconds until the pod's KV cache can take this prompt's uncached blocks."""
+        if decoding <= 0.0:
+            return 0.0
+        free = self._kv_free_tokens(ep)
+        if free is None:
+            return 0.0
+        short = own - free
         if short <= 0.0:
             return 0.0
         step = ep.service.step_seconds(decoding, context)
