@@ -14,9 +14,9 @@ so it forgets as the engine does; when a request ends its prefix is touched agai
 finished request's blocks to the tail of its eviction queue); until then its blocks are pinned,
 as vLLM never evicts a running request's blocks (a queued one's prefix stays in the index too:
 vLLM admits it beside a running request of the same prefix, sharing its blocks). Where responses
-report their cached prompt tokens (vLLM's `--enable-prompt-tokens-details`), every shortfall against the prediction
-shrinks that endpoint's believed capacity, and matching predictions let it grow back. Endpoints
-that leave the datastore leave the index.
+report their cached prompt tokens (vLLM's `--enable-prompt-tokens-details`), every shortfall
+against the prediction shrinks that endpoint's believed capacity, and matching predictions let it
+grow back. Endpoints that leave the datastore leave the index.
 """
 
 from __future__ import annotations
