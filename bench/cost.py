@@ -1,7 +1,7 @@
 """What the picker itself costs: request rate, CPU per request, the pick, scraping, and the token path.
 
     python -m bench.cost                    # all parts (~4 min)
-    python -m bench.cost --parts scrape     # one part: rate | pick | prompt | scrape | tokens
+    python -m bench.cost --parts scrape     # one part: rate | pick | prompt | scrape | tokens | floor | index
     python -m bench.cost --parts scrape --endpoints 100 --scrape-modes process   # some of it
     python -m bench.cost --quick
 
@@ -28,6 +28,8 @@ observability mode reports streamed responses; epp/local/envoy.py, manifests/) a
   same pods, alternating; Envoy without the EPP as the floor.
 - floor: the same loads against an ext_proc server that does nothing (`bench/grpc_floor.py`):
   the CPU gRPC in Python costs per request and per chunk before the EPP does any work.
+- index: the approximate prefix index's add and end when a pod's requests in flight pin more
+  blocks than its cache holds (deep overload), against the same traffic within its capacity.
 """
 
 from __future__ import annotations
@@ -344,6 +346,39 @@ async def part_pick(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+async def part_index(args: argparse.Namespace) -> list[str]:
+    """The approximate prefix index's add and end when a pod's requests in flight pin more blocks
+    than its cache holds (deep overload: up to 2.6× on the mixed B2B overload), against the same
+    traffic within the capacity, in one run."""
+    from epp.scheduling.plugins._prefix_index import PrefixIndex
+
+    blocks, capacity, ends = 80, 1200, 4000
+
+    def per_request(in_flight: int) -> float:
+        index, key, flying = PrefixIndex(), 0, []
+        for _ in range(in_flight):
+            flying.append(list(range(key, key + blocks)))
+            key += blocks
+            index.add(flying[-1], "pod", capacity, 20)
+        started = time.perf_counter()
+        for _ in range(ends):
+            flying.append(list(range(key, key + blocks)))
+            key += blocks
+            index.add(flying[-1], "pod", capacity, 20)
+            index.touch(flying.pop(0), "pod")
+        return (time.perf_counter() - started) / ends
+
+    within, beyond = per_request(10), per_request(40)
+    args.figures["index"] = {"within": within, "beyond": beyond}
+    return ["## The prefix index in deep overload (in-process)", "",
+            f"A pod's LRU of {capacity} blocks; each request pins {blocks} blocks (and 20 unhashed) from its "
+            f"pick to its end; {ends} requests added and ended, with 10 (800 pinned blocks, within the "
+            "capacity) or 40 (3,200 pinned, 2.7× it) in flight.", "",
+            "| requests in flight | add + end | ratio |", "|---|---|---|",
+            f"| 10 (within) | {within * 1e6:.0f} µs | 1.00× |",
+            f"| 40 (2.7× the capacity) | {beyond * 1e6:.0f} µs | {beyond / within:.2f}× |"]
+
+
 # --------------------------------------------------------------------------- scraping
 
 
@@ -559,7 +594,7 @@ async def part_floor(args: argparse.Namespace) -> list[str]:
 # --------------------------------------------------------------------------- CLI
 
 PARTS = {"rate": part_rate, "pick": part_pick, "prompt": part_prompt, "scrape": part_scrape, "tokens": part_tokens,
-         "floor": part_floor}
+         "floor": part_floor, "index": part_index}
 
 
 async def measure(args: argparse.Namespace) -> str:

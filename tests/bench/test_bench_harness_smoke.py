@@ -61,7 +61,7 @@ def test_cost_parts_tiny(tmp_path: Path) -> None:
         assert heading in text
     assert "100,000" in text and "shipped" in text and "reference" in text and "process ÷ in-loop" in text
     figures = json.loads(out.with_suffix(".json").read_text())
-    assert set(figures) == {"rate", "pick", "prompt", "scrape", "tokens", "floor"}  # what bench.summary reads
+    assert set(figures) == {"rate", "pick", "prompt", "scrape", "tokens", "floor", "index"}  # bench.summary reads them
 
 
 def test_overhead_tiny(tmp_path: Path) -> None:

@@ -115,3 +115,32 @@ def test_an_evicted_block_is_no_longer_in_use() -> None:
     assert index.pinned("a:1") == 1 and index.match([1, 2]) == {"a:1": 1}
     index.touch([1, 2], "a:1")
     assert index.pinned("a:1") == 0
+
+
+def test_pinned_keys_are_set_aside_and_come_back_as_the_most_recent() -> None:
+    """Eviction sets a pinned key aside instead of walking past it at every add (in deep
+    overload a pod's pins outgrow its capacity, and every add would walk all of them); the key
+    stays held and counted, and returns to the eviction order, as the most recent, when its last
+    request ends — or when the producer clears the pod's pins."""
+    index = PrefixIndex()
+    index.add([1, 2], "a:1", 2)  # in flight
+    index.add([3], "a:1", 2)  # over the capacity: 1 and 2 set aside, all three held
+    assert index.server_entries("a:1") == 3 and index.server_weight("a:1") == 3 and index.entries == 3
+    index.touch([3], "a:1")
+    index.add([4], "a:1", 2)  # 3 (ended) goes
+    assert index.match([3]) == {} and index.match([1, 2]) == {"a:1": 2}
+    index.touch([1, 2], "a:1")  # their request ended before 4's: back in the order before it
+    index.touch([4], "a:1")
+    index.add([5], "a:1", 2)  # so 1 and 2 go, 4 stays
+    assert index.match([1]) == {} and index.match([4]) == {"a:1": 1} and index.match([5]) == {"a:1": 1}
+    index.add([6, 7], "a:1", 2)  # 4 goes; 5 (still in flight), 6 and 7 set aside
+    index.add([8], "a:1", 2)
+    assert index.server_entries("a:1") == 4 and index.match([4]) == {}
+    index.forget([6], "a:1")  # the engine evicted one of them (a queued request's): gone, unpinned
+    assert index.match([6]) == {} and index.server_entries("a:1") == 3 and index.server_weight("a:1") == 3
+    index.unpin_all("a:1")  # 5, 7, 8 back in the order
+    index.add([9], "a:1", 2)  # 5 and 7 go
+    assert index.match([5]) == {} and index.match([7]) == {} and index.match([8]) == {"a:1": 1}
+    assert index.server_weight("a:1") == 2 and index.pinned("a:1") == 1
+    index.remove_server("a:1")
+    assert index.entries == 0 and index.distinct_keys == 0

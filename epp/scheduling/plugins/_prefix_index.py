@@ -16,12 +16,13 @@ blocks of a running request, only those in its free queue, so on a pod whose run
 hold most of the cache a prefix goes soon after its last request ends, however recently it was
 picked — an LRU by pick time believed such pods held several prefixes more than they did (on a
 mixed pool under KV pressure 8% of picks went to a pod that had evicted the prefix; BENCHMARKS.md).
-Eviction passes over pinned keys (they are in use, so recent) and never takes one, even when
-the pinned keys alone outgrow the capacity: in deep overload a pod's queued requests name more
-prefixes than its cache holds, and vLLM admits a queued request beside a running one of the
-same prefix, sharing its blocks. An LRU that dropped those prefixes sent their next requests to
-a third pod, which spread every document thinner still (on a mixed pool in deep overload, 22%
-of picks found no holder at all; BENCHMARKS.md). Ends that never come (a lost record of another
+Eviction never takes a pinned key (it is in use, so recent), even when the pinned keys alone
+outgrow the capacity: in deep overload a pod's queued requests name more prefixes than its cache
+holds, and vLLM admits a queued request beside a running one of the same prefix, sharing its
+blocks. An LRU that dropped those prefixes sent their next requests to a third pod, which spread
+every document thinner still (on a mixed pool in deep overload, 22% of picks found no holder at
+all; BENCHMARKS.md). A pinned key that eviction reaches is set aside, still held and counted,
+until its last request ends, so no later add walks past it again. Ends that never come (a lost record of another
 writer) are bounded by the request control's ledger: `unpin_all` clears a server's pins when
 nothing is in flight there, or when the requests pinning it outnumber those the ledger has in
 flight (the producer checks both at every end).
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 
 
 class PrefixIndex:
-    __slots__ = ("_lrus", "_weights", "_holders", "_entries", "_anonymous", "_pins", "_pinning")
+    __slots__ = ("_lrus", "_weights", "_holders", "_entries", "_anonymous", "_pins", "_pinning", "_parked")
 
     def __init__(self) -> None:
         self._lrus: dict[str, OrderedDict[int, int]] = {}  # server -> key -> weight (blocks)
@@ -45,6 +46,9 @@ class PrefixIndex:
         self._anonymous = itertools.count(-1, -1)  # keys of footprint entries (never matched)
         self._pins: dict[str, dict[int, int]] = {}  # server -> key -> requests in flight using it
         self._pinning: dict[str, int] = {}  # server -> requests in flight there (adds less touches)
+        # server -> key -> weight: pinned keys eviction reached, set aside (still held, still
+        # counted) until their last request ends, so eviction never walks past them again.
+        self._parked: dict[str, dict[int, int]] = {}
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Leading blocks matched per endpoint: an endpoint's match ends at the first block it
@@ -87,9 +91,11 @@ class PrefixIndex:
             lru = self._lrus[server] = OrderedDict()
             self._weights[server] = 0
             self._pins[server] = {}
+            self._parked[server] = {}
         self._pinning[server] = self._pinning.get(server, 0) + 1
         holders = self._holders
         pins = self._pins[server]
+        parked = self._parked[server]
         weight = self._weights[server]
         if extra_blocks > 0:
             lru[next(self._anonymous)] = extra_blocks
@@ -99,7 +105,7 @@ class PrefixIndex:
             pins[key] = pins.get(key, 0) + 1
             if key in lru:
                 lru.move_to_end(key)
-            else:
+            elif key not in parked:
                 lru[key] = 1
                 weight += 1
                 added += 1
@@ -110,14 +116,12 @@ class PrefixIndex:
                     servers.add(server)
         self._entries += added
         capacity = max(capacity, 0)
-        # A pinned key is in use, as recent as anything: passed over (to the recent end), and
-        # kept when only pinned keys are left (the pinned keys are always in the LRU).
-        while weight > capacity and len(lru) > len(pins):
-            old = next(iter(lru))
-            if old in pins:
-                lru.move_to_end(old)
-                continue
+        # A pinned key is in use, as recent as anything: set aside, not evicted.
+        while weight > capacity and lru:
             old, w = lru.popitem(last=False)
+            if old in pins:
+                parked[old] = w
+                continue
             weight -= w
             if old >= 0:
                 self._forget(old, server)
@@ -130,6 +134,7 @@ class PrefixIndex:
         if lru is None:
             return
         pins = self._pins[server]
+        parked = self._parked[server]
         self._pinning[server] = max(0, self._pinning.get(server, 0) - 1)
         for key in reversed(hashes):
             n = pins.get(key)
@@ -138,6 +143,10 @@ class PrefixIndex:
                     pins[key] = n - 1
                 else:
                     del pins[key]
+                    w = parked.pop(key, None)
+                    if w is not None:  # back in the eviction order, as the most recent
+                        lru[key] = w
+                        continue
             if key in lru:
                 lru.move_to_end(key)
 
@@ -146,6 +155,10 @@ class PrefixIndex:
         pins = self._pins.get(server)
         if pins:
             pins.clear()
+        parked = self._parked.get(server)
+        if parked:
+            self._lrus[server].update(parked)
+            parked.clear()
         if server in self._pinning:
             self._pinning[server] = 0
 
@@ -162,10 +175,10 @@ class PrefixIndex:
         lru = self._lrus.get(server)
         if lru is None:
             return
-        pins = self._pins.get(server, {})
+        pins, parked = self._pins[server], self._parked[server]
         for key in hashes:
             pins.pop(key, None)  # (only a queued request's use: vLLM never evicts a running one's)
-            if lru.pop(key, None) is not None:
+            if lru.pop(key, None) is not None or parked.pop(key, None) is not None:
                 self._weights[server] -= 1
                 self._entries -= 1
                 self._forget(key, server)
@@ -173,11 +186,12 @@ class PrefixIndex:
     def remove_server(self, server: str) -> None:
         self._pins.pop(server, None)
         self._pinning.pop(server, None)
+        parked = self._parked.pop(server, {})
         lru = self._lrus.pop(server, None)
         self._weights.pop(server, None)
         if lru is None:
             return
-        for key in lru:
+        for key in itertools.chain(lru, parked):
             if key >= 0:
                 self._forget(key, server)
                 self._entries -= 1
@@ -206,7 +220,9 @@ class PrefixIndex:
 
     def server_entries(self, server: str) -> int:
         lru = self._lrus.get(server)
-        return sum(1 for key in lru if key >= 0) if lru is not None else 0
+        if lru is None:
+            return 0
+        return sum(1 for key in lru if key >= 0) + len(self._parked[server])
 
     @property
     def weights(self) -> dict[str, int]:
