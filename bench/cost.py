@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import itertools
 import json
 import random
 import subprocess
@@ -355,17 +357,18 @@ async def part_index(args: argparse.Namespace) -> list[str]:
     blocks, capacity, ends = 80, 1200, 4000
 
     def per_request(in_flight: int) -> float:
-        index, key, flying = PrefixIndex(), 0, []
-        for _ in range(in_flight):
-            flying.append(list(range(key, key + blocks)))
-            key += blocks
+        index, keys, flying = PrefixIndex(), itertools.count(), collections.deque()
+
+        def pick() -> None:  # a new request's blocks, pinned on the pod
+            flying.append([next(keys) for _ in range(blocks)])
             index.add(flying[-1], "pod", capacity, 20)
+
+        for _ in range(in_flight):
+            pick()
         started = time.perf_counter()
         for _ in range(ends):
-            flying.append(list(range(key, key + blocks)))
-            key += blocks
-            index.add(flying[-1], "pod", capacity, 20)
-            index.touch(flying.pop(0), "pod")
+            pick()
+            index.touch(flying.popleft(), "pod")
         return (time.perf_counter() - started) / ends
 
     within, beyond = per_request(10), per_request(40)

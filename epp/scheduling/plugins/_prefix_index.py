@@ -22,10 +22,10 @@ holds, and vLLM admits a queued request beside a running one of the same prefix,
 blocks. An LRU that dropped those prefixes sent their next requests to a third pod, which spread
 every document thinner still (on a mixed pool in deep overload, 22% of picks found no holder at
 all; BENCHMARKS.md). A pinned key that eviction reaches is set aside, still held and counted,
-until its last request ends, so no later add walks past it again. Ends that never come (a lost record of another
-writer) are bounded by the request control's ledger: `unpin_all` clears a server's pins when
-nothing is in flight there, or when the requests pinning it outnumber those the ledger has in
-flight (the producer checks both at every end).
+until its last request ends, so no later add walks past it again. Ends that never come (a lost
+record of another writer) are bounded by the request control's ledger: `unpin_all` clears a
+server's pins when nothing is in flight there, or when the requests pinning it outnumber those
+the ledger has in flight (the producer checks both at every end).
 """
 
 from __future__ import annotations
