@@ -54,9 +54,11 @@ class Outstanding:
     cached_tokens: int  # of those, predicted to be in this pod's prefix cache at the pick
     output_tokens: int  # expected generated tokens (max_tokens, or the learned mean)
     dispatched: float  # clock time of the pick
-    predicted_ttft: float = 0.0  # seconds, from the pick
+    predicted_ttft: float = 0.0  # seconds, from the pick, with the whole cache credit (the timeline's)
+    reported_ttft: float = 0.0  # the prediction reported and compared with the observed TTFT (0: predicted_ttft)
     streamed: bool = True  # its first byte will be its first token
     model: str = ""  # the target model (a LoRA adapter's name keeps that adapter busy on the pod)
+    recompute_tokens: int = 0  # of `cached_tokens`, those the pod is expected to compute again
     # The service model's features at the pick, for learning from the observed TTFT.
     step_feature: float = 0.0
     prefill_feature: float = 0.0
@@ -115,6 +117,7 @@ class EndpointLoad:
     settled_at: float = 0.0  # clock time the integrals refer to
     prefill_backlog: int = 0  # Σ prefill_tokens of `pending`
     prefill_pairs: float = 0.0  # Σ attention_pairs of `pending`
+    recompute_backlog: int = 0  # Σ recompute_tokens of `pending` (credited, but expected to be computed)
     peer_pending: int = 0  # requests other writers (workers, replicas) sent here still in their queue
     decoding: int = 0  # requests past prefill, not ended
     context_tokens: int = 0  # Σ mean_context of the decoding ones (KV their steps read)
@@ -163,6 +166,7 @@ class EndpointLoad:
             self.models[item.model] = self.models.get(item.model, 0) + 1
         self.prefill_backlog += item.prefill_tokens
         self.prefill_pairs += item.attention_pairs
+        self.recompute_backlog += item.recompute_tokens
         self.footprint_tokens += item.footprint_tokens
         self.prefill_total += item.prefill_tokens
         self.requests += 1
@@ -200,6 +204,7 @@ class EndpointLoad:
             self.pending.remove(item)
             self.prefill_backlog -= item.prefill_tokens
             self.prefill_pairs -= item.attention_pairs
+            self.recompute_backlog -= item.recompute_tokens
         else:
             self.decoding -= 1
             self.context_tokens -= item.mean_context
@@ -259,6 +264,7 @@ class EndpointLoad:
         item.prefilled = True
         self.prefill_backlog -= item.prefill_tokens
         self.prefill_pairs -= item.attention_pairs
+        self.recompute_backlog -= item.recompute_tokens
         self.decoding += 1
         self.context_tokens += item.mean_context
         self.decode_output += item.output_tokens

@@ -242,8 +242,12 @@ class Director:
         prediction = result.cycle.predictions.get(endpoint.address) if result is not None else None
         load, service = endpoint.load, endpoint.service
         if prediction is not None:
+            # The timeline runs on the prediction with the whole cache credit, as the ranking does;
+            # the expected one (with the prefix blocks the pod will compute again) is reported.
             item = Outstanding(prediction.prompt_tokens, prediction.cached_tokens, prediction.output_tokens, now,
-                               predicted_ttft=prediction.ttft, streamed=request.stream, model=request.target_model)
+                               predicted_ttft=prediction.credited_ttft or prediction.ttft,
+                               reported_ttft=prediction.ttft, streamed=request.stream, model=request.target_model,
+                               recompute_tokens=prediction.recompute_tokens)
             if prediction.wait_seconds == 0.0:  # a prediction that waited on a slot teaches nothing
                 item.step_feature = prediction.step_feature
                 item.prefill_feature = prediction.prefill_feature
@@ -305,8 +309,9 @@ class Director:
         if self.shared is not None:
             self.shared.changed(endpoint)
         if self.metrics:
-            if item.predicted_ttft > 0.0:
-                self.metrics.ttft_predicted(record.request, item.predicted_ttft, observed)
+            predicted = item.reported_ttft or item.predicted_ttft
+            if predicted > 0.0:
+                self.metrics.ttft_predicted(record.request, predicted, observed)
             slo = record.request.slo_ttft
             if slo is not None:
                 met = now - record.request.received_at <= slo

@@ -16,8 +16,8 @@ class Prediction:
     """Seconds until this request's first token on one candidate, and why."""
 
     ttft: float  # the whole prediction
-    cost: float  # what the pick charges the pool, in seconds of TTFT: `ttft` plus what this
-    # request's decode adds to the TTFT of the requests that will reach the pod meanwhile
+    cost: float  # what the pick charges the pool, in seconds of TTFT: `credited_ttft` plus what
+    # this request's decode adds to the TTFT of the requests that will reach the pod meanwhile
     queued_prefill: float  # prefill tokens already queued on the pod (ledger + unexplained)
     own_prefill: int  # this request's uncached prompt tokens on the pod
     cached_tokens: int  # the cache credit: prompt tokens predicted to hit the pod's prefix cache
@@ -33,9 +33,16 @@ class Prediction:
     prefill_work_seconds: float = 0.0  # of `work_seconds`, its own prefill
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
     copy_reason: str = ""  # why: "busy" (its holders' queue) or "faster" (a faster pod than every holder)
+    # Of `cached_tokens`, those the pod is expected to compute again first (its requests in
+    # flight pin more prefixes than its cache holds), and the queued ones' likewise: `ttft`
+    # counts them; `credited_ttft` is the prediction with the whole credit, which `cost` and the
+    # ledger's timeline use (a prefix's requests kept together share its blocks once it is back).
+    recompute_tokens: int = 0
+    credited_ttft: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
         return (f"ttft={self.ttft * 1e3:.1f}ms,cost={self.cost * 1e3:.1f}ms(q={self.queued_prefill:.0f},own={self.own_prefill},"
-                f"hit={self.cached_tokens},wait={self.wait_seconds * 1e3:.1f}ms,itl={self.itl * 1e3:.1f}ms"
+                f"hit={self.cached_tokens}" + (f",recompute={self.recompute_tokens}" if self.recompute_tokens else "")
+                + f",wait={self.wait_seconds * 1e3:.1f}ms,itl={self.itl * 1e3:.1f}ms"
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

@@ -39,6 +39,9 @@ class PrefixMatch:
     # address -> cached prompt tokens this request's new blocks would evict there (its cache is
     # believed full); absent: room left, or unknown.
     evicted_tokens: dict[str, int] = field(default_factory=dict)
+    # address -> the share of its matched blocks the endpoint is expected to compute again before
+    # this request runs there (the prefixes of its requests in flight outgrow its cache); absent: none.
+    recompute_share: dict[str, float] = field(default_factory=dict)
 
     def tokens(self, address: str) -> int:
         """Prompt tokens of cache credit on `address`: its tier-weighted matched blocks × tokens

@@ -12,14 +12,14 @@ from epp.datastore.load import _MIN_HISTORY, coverage
 
 
 def item(prompt: int = 1000, cached: int = 0, output: int = 100, at: float = 0.0, ttft: float = 0.1,
-         streamed: bool = True) -> Outstanding:
-    return Outstanding(prompt, cached, output, at, predicted_ttft=ttft, streamed=streamed)
+         streamed: bool = True, recompute: int = 0) -> Outstanding:
+    return Outstanding(prompt, cached, output, at, predicted_ttft=ttft, streamed=streamed, recompute_tokens=recompute)
 
 
 def assert_empty(load: EndpointLoad) -> None:
     assert not load.pending
-    assert (load.requests, load.decoding, load.prefill_backlog, load.context_tokens, load.footprint_tokens) == (
-        0, 0, 0, 0, 0)
+    assert (load.requests, load.decoding, load.prefill_backlog, load.context_tokens, load.footprint_tokens,
+            load.recompute_backlog) == (0, 0, 0, 0, 0, 0)
     assert load.prefill_pairs == pytest.approx(0.0, abs=1e-6)
 
 
@@ -78,8 +78,9 @@ def test_every_counter_returns_to_zero_whatever_the_order_of_events() -> None:
         now += rng.random() * 0.01
         action = rng.random()
         if action < 0.4 or not items:
-            x = item(rng.randint(1, 5000), rng.randint(0, 4000), rng.randint(1, 500), now, rng.random() * 0.5,
-                     streamed=rng.random() < 0.8)
+            cached = rng.randint(0, 4000)
+            x = item(rng.randint(1, 5000), cached, rng.randint(1, 500), now, rng.random() * 0.5,
+                     streamed=rng.random() < 0.8, recompute=rng.randint(0, cached))
             load.add(x, now)
             items.append(x)
         elif action < 0.6:
@@ -93,6 +94,7 @@ def test_every_counter_returns_to_zero_whatever_the_order_of_events() -> None:
         assert load.requests == len(items) >= 0
         assert load.decoding + len(load.pending) == load.requests
         assert load.prefill_backlog >= 0 and load.context_tokens >= 0 and load.footprint_tokens >= 0
+        assert load.recompute_backlog == sum(x.recompute_tokens for x in load.pending)
     for x in items:
         load.release(x, now + 1.0)
     assert_empty(load)

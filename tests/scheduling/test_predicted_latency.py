@@ -480,3 +480,53 @@ def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
     assert all(p.copy_reason == "faster" and p.copy_credit == pytest.approx(2.0 * premium, rel=1e-3) for p in busy[1:])
     assert min(busy, key=lambda p: p.cost) is not busy[0]
 
+
+
+def test_a_prefix_the_pod_will_compute_again_lengthens_the_prediction_not_the_ranking() -> None:
+    """Where the pod's requests in flight pin more prefixes than its cache holds, part of the
+    credit will be computed again: the prediction counts it (this prompt's share, and the queued
+    prompts' own), so its error stays small in deep overload; the cost keeps the whole credit (a
+    prefix's requests kept together share its blocks once it is back), and so does the ledger's
+    timeline, which request control books from `credited_ttft`."""
+    store = pool()
+    ep = store.endpoints()[0]
+    producer = PredictedLatencyProducer(datastore=store)
+    stats = store.models.get("m")
+    ep.load.add(Outstanding(8000, 6000, 100, 100.0, predicted_ttft=5.0, recompute_tokens=3000), 100.0)
+    match = PrefixMatch(total=500, block_size_tokens=16, matched={ep.address: 375})  # 6,000 tokens held
+    whole = producer.predict(ep, match, 8000, 100, 100.0, stats)
+    assert whole.recompute_tokens == 0 and whole.ttft > whole.credited_ttft  # the queued prompt's 3,000
+    match.recompute_share = {ep.address: 0.5}
+    part = producer.predict(ep, match, 8000, 100, 100.0, stats)
+    assert part.recompute_tokens == 3000 and part.cached_tokens == whole.cached_tokens == 6000
+    assert part.cost == whole.cost and part.credited_ttft == whole.credited_ttft
+    per_token = ep.service.prefill_scale * ep.service.prior.per_prefill_token
+    assert part.ttft - whole.ttft == pytest.approx(3000 * per_token, rel=0.5)
+    assert "recompute=3000" in part.compact()
+
+
+def test_request_control_books_the_timeline_on_the_credited_prediction_and_reports_the_expected() -> None:
+    store = Datastore(clock=lambda: 100.0)
+    for i in range(2):
+        e = store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000))
+        e.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=400, update_time=99.99))
+    core = build_core(store, None, tick=0.05, seed=1)
+    documents = ["%d " % i + "d" * 12_000 for i in range(6)]  # 3,000 tokens each: 6 docs, 2 pods of 6,400
+
+    async def run() -> list[object]:
+        records = []
+        for document in documents * 2:
+            _, record = await core.director.handle_request(request(document + " question"))
+            records.append(record)
+        decision, record = await core.director.handle_request(request(documents[0] + " one more"))
+        prediction = decision.result.cycle.predictions[decision.targets[0].address]
+        item = record.outstanding
+        assert prediction.recompute_tokens > 0 and prediction.ttft > prediction.credited_ttft
+        assert item.predicted_ttft == prediction.credited_ttft and item.reported_ttft == prediction.ttft
+        assert item.recompute_tokens == prediction.recompute_tokens
+        for r in records + [record]:
+            core.director.release(r, Usage.of(3000, 10))
+        return records
+
+    asyncio.run(run())
+    assert all(e.load.requests == 0 and e.load.recompute_backlog == 0 for e in store.endpoints())

@@ -1,8 +1,9 @@
 """The optimised per-candidate prediction (`predict_all`) gives the very same results as the
 readable one kept beside it (`_predict`), on random states: ledgers with requests in every
 phase, scraped metrics the ledger does and does not explain, full batches (configured and
-learned batch limits), full KV caches, LoRA adapters, learned service models, prefix credit and
-evictions. A change to the prediction is made in both; this test says where they part."""
+learned batch limits), full KV caches, LoRA adapters, learned service models, prefix credit,
+evictions and prefixes to compute again. A change to the prediction is made in both; this test
+says where they part."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> Endpoint:
         item = Outstanding(rng.randint(1, 8000), 0, rng.randint(1, 500), t, predicted_ttft=rng.uniform(0.0, 2.0),
                            streamed=rng.random() < 0.7, model=rng.choice(["", "base", "lora-a", "lora-b"]))
         item.cached_tokens = rng.randint(0, item.prompt_tokens - 1)
+        if rng.random() < 0.3:  # a prefix the pod is expected to compute again
+            item.recompute_tokens = rng.randint(0, item.cached_tokens)
         load.add(item, t, rng.uniform(0.0, 3.0))
         if rng.random() < 0.3:
             load.first_byte(item, t + rng.uniform(0.0, 1.0))
@@ -71,6 +74,8 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
             match.weighted = {a: v * rng.uniform(0.3, 1.0) for a, v in match.matched.items() if rng.random() < 0.5}
         if rng.random() < 0.5:
             match.evicted_tokens = {ep.address: rng.randint(0, 4000) for ep in endpoints if rng.random() < 0.4}
+        if rng.random() < 0.5:
+            match.recompute_share = {a: rng.uniform(0.0, 1.0) for a in match.matched if rng.random() < 0.5}
     model = rng.choice(["", "base", "lora-a", "lora-c", "lora-z"])
     arrivals = rng.choice([0.0, rng.uniform(0.0, 50.0)])
     fast = producer.predict_all(endpoints, match, prompt, output, now, stats, "src", arrivals, model)

@@ -303,3 +303,37 @@ def test_pins_whose_ends_were_lost_are_cleared_by_the_ledger() -> None:
     producer.response_complete(keep[0], a, None)  # 3 pinning, 3 in flight: kept
     assert producer.index.pinning(a.address) == 3 and producer.index.pinned(a.address) > 0
     assert producer.stale_pin_resets == 1
+
+
+def test_a_prefix_pinned_past_the_cache_is_expected_partly_computed_again() -> None:
+    """When the requests in flight on a pod pin more blocks than its KV cache holds, the index
+    keeps them all, but the engine cannot: the match says what share of the prefix the pod is
+    expected to compute again — `1 - capacity / weight`, shared by the requests of that prefix in
+    flight there (the first to run after it is lost computes it again for them all). A pod within
+    its capacity has no share."""
+    store = Datastore()
+    small = store.upsert(EndpointSpec(name="small", ip="10.0.0.1", port=8000))
+    roomy = store.upsert(EndpointSpec(name="roomy", ip="10.0.0.2", port=8000))
+    small.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=100, update_time=1.0))
+    roomy.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=100_000, update_time=1.0))
+    producer = ApproxPrefixCacheProducer.from_config("p", Params(None, "x"), PluginContext(datastore=store))
+    for ep in (small, roomy):
+        for i in range(10):  # ten documents in flight on each: ~4x the small cache
+            picked = SchedulingResult("d", {"d": ProfileResult(targets=[ep])})
+            producer.pre_request(request(f"doc {i} " + SYSTEM * 3), picked)
+
+    def share(address: str) -> float | None:
+        c = cycle()
+        producer.prepare(c, request("doc 0 " + SYSTEM * 3 + " next question"), [small, roomy])
+        match = c.data["p"]
+        assert isinstance(match, PrefixMatch) and match.matched[address] > 0
+        return match.recompute_share.get(address)
+
+    alone = share(small.address)
+    assert alone is not None and 0.5 < alone < 1.0
+    assert share(roomy.address) is None
+    for _ in range(2):  # two more requests of document 0 in flight on the small pod
+        picked = SchedulingResult("d", {"d": ProfileResult(targets=[small])})
+        producer.pre_request(request("doc 0 " + SYSTEM * 3 + " more"), picked)
+    shared = share(small.address)
+    assert shared is not None and shared < alone / 2

@@ -166,6 +166,11 @@ class PrefixIndex:
         """Keys pinned on `server` by requests in flight."""
         return len(self._pins.get(server, ()))
 
+    def requests_holding(self, key: int, server: str) -> int:
+        """Requests in flight on `server` whose prompts include block `key`."""
+        pins = self._pins.get(server)
+        return pins.get(key, 0) if pins is not None else 0
+
     def pinning(self, server: str) -> int:
         """Requests whose blocks are pinned on `server` (added and not yet touched)."""
         return self._pinning.get(server, 0)

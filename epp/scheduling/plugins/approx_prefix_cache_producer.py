@@ -206,11 +206,20 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         what its new blocks need beyond the room the index believes is left (a full cache evicts
         some other prompt's prefix, which its next request pays for).
 
+        And where the requests in flight pin more than the cache holds (the index keeps their
+        blocks; the engine cannot), the share of the matched prefix the engine is expected to
+        compute again before this request runs: the cache keeps `capacity / weight` of what is
+        pinned, and a prefix it loses is computed again once, by the first of its requests there to
+        run, the others sharing it — so the share falls with the requests in flight holding it.
+        (Deep B2B overload in the simulator: realised hits 0.54 / 0.71 / 0.82 / 0.92 / 0.98 of
+        the credit with 1 / 2 / 3–4 / 5–8 / 9+ such requests; BENCHMARKS.md.)
+
         One pass over every candidate on every pick: every lookup is a local, which at 100
         candidates halves its cost."""
         tpb = match.tokens_per_block or float(match.block_size_tokens)
         footprint = int(self._footprint_tokens(request, len(request.prompt)) / tpb)
         weight_of, matched, evicted = self.index.weights.get, match.matched, match.evicted_tokens
+        recompute, holding, hashes = match.recompute_share, self.index.requests_holding, match.hashes
         auto_tune, fixed, scale_of = self.config.auto_tune, self.config.lru_capacity_per_server, self._capacity_scale.get
         for ep in endpoints:
             address = ep.address
@@ -224,6 +233,9 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
             over = weight + new - capacity
             if over > 0:
                 evicted[address] = int(min(over, new) * tpb)
+            depth = matched.get(address, 0)
+            if weight > capacity and depth:
+                recompute[address] = (1.0 - capacity / weight) / max(1, holding(hashes[depth - 1], address))
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         primary = result.profiles.get(result.primary_profile)

@@ -14,11 +14,20 @@ request's first token if it were sent there — a prediction, not a weighted sum
 - slot wait: p's batch is full (`maxNumSeqs`) and the request must wait for a running one to end;
   KV wait: p's KV cache cannot hold the prompt until running requests free blocks.
 
-Candidates are ranked on `cost`: the TTFT plus what the pick costs the requests after it (its
-decode's share of their steps, its prefill ahead of theirs, its chunk in the step of the prefills
-still waiting there for a first token, the steps a prompt beyond the step budget fills alone while
-the pod's next requests wait them out, the prefix it evicts), less the copy
-credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests
+The prediction reported (`ttft`: the decision trace, the prediction-error histogram, the SLO
+filter) also counts the prefill the pod will do that the cache credit leaves out: where its
+requests in flight pin more prefixes than its cache holds, the share of the prefix it will
+compute again (the prefix producer's `recompute_share`), for this prompt and the queued ones; and
+queued prefill well past its expected end with no first token yet. The ranking and the ledger's
+timeline keep the whole credit (`credited_ttft`): ranked on the expected credit, a document's
+requests scatter over more pods, each computing it again (BENCHMARKS.md); kept together, they
+share it once it is back.
+
+Candidates are ranked on `cost`: the TTFT with the whole credit plus what the pick costs the
+requests after it (its decode's share of their steps, its prefill ahead of theirs, its chunk in
+the step of the prefills still waiting there for a first token, the steps a prompt beyond the step
+budget fills alone while the pod's next requests wait them out, the prefix it evicts), less the
+copy credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests
 (all of them, on a pod clearly faster than its holders).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
@@ -58,7 +67,7 @@ from typing import TYPE_CHECKING
 from epp.api.request import InferenceRequest
 from epp.datastore import Datastore, Endpoint, ModelStats, StepCosts
 from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
-from epp.datastore.load import coverage
+from epp.datastore.load import EndpointLoad, coverage
 from epp.params import Params
 from epp.scheduling.framework import CycleState, DataProducer, Plugin
 from epp.scheduling.plugins._prefix_rates import PrefixRates
@@ -304,6 +313,7 @@ class PredictedLatencyProducer(DataProducer):
         if match is not None:
             per_block = match.tokens_per_block or match.block_size_tokens
             matched, weighted, evicted_tokens = match.matched, match.weighted, match.evicted_tokens
+            recompute_share = match.recompute_share
         out: list[Prediction] = []
         append = out.append
         for ep in endpoints:
@@ -316,8 +326,10 @@ class PredictedLatencyProducer(DataProducer):
                     credit = float(matched.get(address, 0))
                 cached = min(int(credit * per_block), prompt - 1)
                 evicted = evicted_tokens.get(address, 0) if evicted_tokens else 0
+                share = recompute_share.get(address) if recompute_share else None
+                recompute = int(cached * share) if share else 0
             else:
-                cached = evicted = 0
+                cached = evicted = recompute = 0
             own = prompt - cached
             decoding = float(load.decoding)
             context = float(load.context_tokens)
@@ -329,6 +341,7 @@ class PredictedLatencyProducer(DataProducer):
                 context += unexplained * unexplained_context
                 running_output += unexplained * mean_output
             queued = load.backlog_at(now) if load.pending else max(0.0, float(load.prefill_backlog))
+            ledger_queued = queued
             if waiting_queue > load.pending_at_scrape:
                 queued += (waiting_queue - load.pending_at_scrape) * mean_prompt
             pairs = load.prefill_pairs + own * (cached + own * 0.5)
@@ -381,10 +394,17 @@ class PredictedLatencyProducer(DataProducer):
                 externality += load.prefilling_at(now) * (prefill_scale * per_prefill * min(own, budget - queued))
             if (load.stalled or load.pending) and service.observations:
                 wait += load.lateness(now)
-            ttft = prefill_seconds + wait
-            append(Prediction(ttft, ttft + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
+            credited = prefill_seconds + wait
+            ttft = credited
+            extra = self._expected_extra(load, now, recompute, ledger_queued) if recompute or load.pending else 0.0
+            if extra > 0:
+                tokens = prefill_tokens + extra
+                waits_x = max(1, math.ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
+                ttft = (step_scale * (waits_x * (overhead + per_seq * decoding + per_context * context))
+                        + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + wait
+            append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
-                              own_seconds))
+                              own_seconds, recompute_tokens=recompute, credited_ttft=credited))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -394,6 +414,8 @@ class PredictedLatencyProducer(DataProducer):
         mean_output = stats.mean_output_tokens
         prior = service.prior
         cached = min(match.tokens(ep.address), prompt - 1) if match is not None else 0
+        share = match.recompute_share.get(ep.address) if match is not None else None
+        recompute = int(cached * share) if share else 0
         own = prompt - cached
         decoding = float(load.decoding)
         context = float(load.context_tokens)
@@ -409,6 +431,7 @@ class PredictedLatencyProducer(DataProducer):
         # generations frees its slots and blocks far later than the model's mean output says.
         ending_output = running_output / decoding if decoding > 0.0 else mean_output
         queued = load.backlog_at(now)
+        ledger_queued = queued
         if metrics.waiting_queue_size > load.pending_at_scrape:
             queued += (metrics.waiting_queue_size - load.pending_at_scrape) * stats.mean_prompt_tokens
         pairs = load.prefill_pairs + own * (cached + own * 0.5)
@@ -460,10 +483,18 @@ class PredictedLatencyProducer(DataProducer):
         if (load.pending or load.peer_pending) and queued < budget:
             chunk_seconds = service.prefill_scale * prior.per_prefill_token * min(own, budget - queued)
             externality += load.prefilling_at(now) * chunk_seconds
-        ttft = estimate.seconds + wait
+        credited = estimate.seconds + wait
+        # The prediction counts the prefill the pod is expected to do that the credit leaves out:
+        # this prompt's blocks it will compute again, the queued prompts' likewise, and the queued
+        # prefill well past its expected end with no first token (the timeline counts it done).
+        # The cost keeps the whole credit: a prefix's requests kept together share it once back.
+        extra = self._expected_extra(load, now, recompute, ledger_queued)
+        ttft = credited
+        if extra > 0:
+            ttft = service.ttft(queued + own + extra, pairs, decoding, context).seconds + wait
         return Prediction(
             ttft=ttft,
-            cost=ttft + externality,
+            cost=credited + externality,
             work_seconds=work,
             prefill_work_seconds=own_seconds,
             queued_prefill=queued,
@@ -477,7 +508,23 @@ class PredictedLatencyProducer(DataProducer):
             step_feature=estimate.step_feature if self.learn else 0.0,
             prefill_feature=estimate.prefill_feature if self.learn else 0.0,
             prefix_source=source,
+            recompute_tokens=recompute,
+            credited_ttft=credited,
         )
+
+    @staticmethod
+    def _expected_extra(load: EndpointLoad, now: float, recompute: int, ledger_queued: float) -> float:
+        """Prefill tokens the pod will compute before this request's first token beyond what the
+        ranking's queue counts: this prompt's `recompute`, the queued prefill well past its
+        expected end and still without a first token, and the queued prompts' own recompute (as
+        much of it as is still ahead by the timeline)."""
+        extra = float(recompute)
+        if load.pending:
+            late = load.late_prefill(now)
+            extra += late
+            if load.recompute_backlog > 0 and load.prefill_backlog > 0:
+                extra += load.recompute_backlog * min(1.0, (ledger_queued + late) / load.prefill_backlog)
+        return extra
 
     @staticmethod
     def _completions_per_second(service_step: float, decoding: float, mean_output: float) -> float:
