@@ -76,7 +76,9 @@ class DecisionRecord:
         for address, p in self.result.cycle.predictions.items():
             rows.append({"address": address, "ttft_ms": round(p.ttft * 1e3, 2), "cost_ms": round(p.cost * 1e3, 2),
                          "queued_prefill": round(p.queued_prefill), "own_prefill": p.own_prefill,
-                         "cache_credit": p.cached_tokens, "prefill_ms": round(p.prefill_seconds * 1e3, 2),
+                         "cache_credit": p.cached_tokens, "recompute": p.recompute_tokens,
+                         "credited_ttft_ms": round((p.credited_ttft or p.ttft) * 1e3, 2),
+                         "prefill_ms": round(p.prefill_seconds * 1e3, 2),
                          "wait_ms": round(p.wait_seconds * 1e3, 2), "itl_ms": round(p.itl * 1e3, 2),
                          "copy_credit_ms": round(p.copy_credit * 1e3, 2), "copy_reason": p.copy_reason,
                          "prefix_source": p.prefix_source})

@@ -524,6 +524,11 @@ def test_request_control_books_the_timeline_on_the_credited_prediction_and_repor
         assert prediction.recompute_tokens > 0 and prediction.ttft > prediction.credited_ttft
         assert item.predicted_ttft == prediction.credited_ttft and item.reported_ttft == prediction.ttft
         assert item.recompute_tokens == prediction.recompute_tokens
+        # the decision trace shows both, so SREs see why the prediction is longer than the ranking's
+        trace = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=decision.result)  # type: ignore[arg-type]
+        row = next(r for r in trace.predictions() if r["address"] == decision.targets[0].address)
+        assert row["recompute"] == prediction.recompute_tokens
+        assert row["credited_ttft_ms"] == round(prediction.credited_ttft * 1e3, 2) < row["ttft_ms"]
         for r in records + [record]:
             core.director.release(r, Usage.of(3000, 10))
         return records
