@@ -38,7 +38,7 @@ class Prediction:
     # counts them; `credited_ttft` is the prediction with the whole credit, which `cost` and the
     # ledger's timeline use (a prefix's requests kept together share its blocks once it is back).
     recompute_tokens: int = 0
-    credited_ttft: float = 0.0
+    credited_ttft: float = 0.0  # (0: the same as `ttft`)
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
