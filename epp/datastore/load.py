@@ -46,6 +46,14 @@ def coverage(since: float, now: float, window: float = RATE_WINDOW) -> float:
     return -math.expm1(-max(_MIN_HISTORY, now - since) / window)
 
 
+ENDING_UNIT = 1 << 24  # fixed point of `EndpointLoad.decode_ending` (integers sum exactly, back to zero)
+
+
+def ending_weight(output_tokens: int) -> int:
+    """One decoding request's part of `EndpointLoad.decode_ending`: 1 / its expected output."""
+    return ENDING_UNIT // max(2, output_tokens)
+
+
 @dataclass(slots=True, eq=False)
 class Outstanding:
     """One request in an endpoint's ledger, from its pick to its end."""
@@ -122,6 +130,9 @@ class EndpointLoad:
     decoding: int = 0  # requests past prefill, not ended
     context_tokens: int = 0  # Σ mean_context of the decoding ones (KV their steps read)
     decode_output: int = 0  # Σ output_tokens of the decoding ones (how soon they end)
+    # Σ ENDING_UNIT // output_tokens of the decoding ones: how many end per step (× ENDING_UNIT / 2,
+    # each about half way through), dominated by the short ones as the real pace is.
+    decode_ending: int = 0
     footprint_tokens: int = 0  # Σ footprint of every outstanding request
     requests: int = 0
     models: dict[str, int] = field(default_factory=dict)  # target model -> outstanding requests
@@ -209,6 +220,7 @@ class EndpointLoad:
             self.decoding -= 1
             self.context_tokens -= item.mean_context
             self.decode_output -= item.output_tokens
+            self.decode_ending -= ending_weight(item.output_tokens)
         item.released = True
         item.stalled = False
         self.footprint_tokens -= item.footprint_tokens
@@ -268,6 +280,7 @@ class EndpointLoad:
         self.decoding += 1
         self.context_tokens += item.mean_context
         self.decode_output += item.output_tokens
+        self.decode_ending += ending_weight(item.output_tokens)
 
     def mark_scrape(self) -> None:
         """New scraped metrics arrived: remember what the EPP had outstanding at that moment."""

@@ -37,7 +37,8 @@ from epp.scale.table import SharedTable
 log = logging.getLogger("epp.scale")
 
 _MEMORY = 200.0  # observations a service model remembers (its forgetting 0.995 per observation)
-_INT_FIELDS = (t.INFLIGHT, t.TOKENS, t.BACKLOG, t.DECODING, t.CONTEXT, t.FOOTPRINT, t.REQUESTS, t.DECODE_OUTPUT)
+_INT_FIELDS = (t.INFLIGHT, t.TOKENS, t.BACKLOG, t.DECODING, t.CONTEXT, t.FOOTPRINT, t.REQUESTS, t.DECODE_OUTPUT,
+               t.DECODE_ENDING)
 
 
 @dataclass(slots=True, eq=False)
@@ -151,6 +152,7 @@ class SharedLoad:
         load.footprint_tokens += round(delta[t.FOOTPRINT])
         load.requests += round(delta[t.REQUESTS])
         load.decode_output += round(delta[t.DECODE_OUTPUT])
+        load.decode_ending += round(delta[t.DECODE_ENDING])
         load.peer_pending = round(peers[t.PENDING])  # (their queues themselves stay theirs)
         # Rates: bring own and folded parts to `now`, then swap the folded part for the new one.
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
@@ -225,6 +227,7 @@ class SharedLoad:
             load.requests - f[t.REQUESTS],
             len(load.pending),
             load.decode_output - f[t.DECODE_OUTPUT],
+            load.decode_ending - f[t.DECODE_ENDING],
             max(0.0, pick - f[t.PICK_RATE] * old),
             max(0.0, work - f[t.WORK_RATE] * old),
             max(0.0, prefill - f[t.PREFILL_RATE] * old),

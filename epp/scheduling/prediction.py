@@ -39,10 +39,16 @@ class Prediction:
     # ledger's timeline use (a prefix's requests kept together share its blocks once it is back).
     recompute_tokens: int = 0
     credited_ttft: float = 0.0  # (0: the same as `ttft`)
+    # The wait `ttft` counts: `wait_seconds` with its slot and KV waits at the pace the running
+    # requests really end (the short ones first), where `wait_seconds` (in `credited_ttft` and
+    # `cost`) takes the pace of their mean output.
+    paced_wait_seconds: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
         return (f"ttft={self.ttft * 1e3:.1f}ms,cost={self.cost * 1e3:.1f}ms(q={self.queued_prefill:.0f},own={self.own_prefill},"
                 f"hit={self.cached_tokens}" + (f",recompute={self.recompute_tokens}" if self.recompute_tokens else "")
-                + f",wait={self.wait_seconds * 1e3:.1f}ms,itl={self.itl * 1e3:.1f}ms"
+                + f",wait={self.wait_seconds * 1e3:.1f}ms"
+                + (f",paced_wait={self.paced_wait_seconds * 1e3:.1f}ms" if self.paced_wait_seconds != self.wait_seconds else "")
+                + f",itl={self.itl * 1e3:.1f}ms"
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

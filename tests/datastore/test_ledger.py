@@ -8,7 +8,7 @@ import random
 import pytest
 
 from epp.datastore import EndpointLoad, Outstanding
-from epp.datastore.load import _MIN_HISTORY, coverage
+from epp.datastore.load import _MIN_HISTORY, coverage, ending_weight
 
 
 def item(prompt: int = 1000, cached: int = 0, output: int = 100, at: float = 0.0, ttft: float = 0.1,
@@ -19,7 +19,7 @@ def item(prompt: int = 1000, cached: int = 0, output: int = 100, at: float = 0.0
 def assert_empty(load: EndpointLoad) -> None:
     assert not load.pending
     assert (load.requests, load.decoding, load.prefill_backlog, load.context_tokens, load.footprint_tokens,
-            load.recompute_backlog) == (0, 0, 0, 0, 0, 0)
+            load.recompute_backlog, load.decode_output, load.decode_ending) == (0, 0, 0, 0, 0, 0, 0, 0)
     assert load.prefill_pairs == pytest.approx(0.0, abs=1e-6)
 
 
@@ -95,6 +95,8 @@ def test_every_counter_returns_to_zero_whatever_the_order_of_events() -> None:
         assert load.decoding + len(load.pending) == load.requests
         assert load.prefill_backlog >= 0 and load.context_tokens >= 0 and load.footprint_tokens >= 0
         assert load.recompute_backlog == sum(x.recompute_tokens for x in load.pending)
+        decoding = [x for x in items if x.prefilled]
+        assert load.decode_ending == sum(ending_weight(x.output_tokens) for x in decoding)
     for x in items:
         load.release(x, now + 1.0)
     assert_empty(load)

@@ -173,13 +173,16 @@ def test_ledger_sums_add_up_and_own_part_stays_exact(layout: PodLayout) -> None:
     core_a.director.first_byte(rec_a)  # A's request is past prefill: B sees one decoding
     link_b.refresh()
     assert sum(ep.load.decoding for ep in core_b.datastore.endpoints()) >= 1
+    ending_a = sum(ep.load.decode_ending for ep in core_a.datastore.endpoints())
+    assert ending_a > 0 and sum(ep.load.decode_ending for ep in core_b.datastore.endpoints()) == ending_a
     assert on_a.load.peer_pending == 0
     core_a.director.release(rec_a)
     core_b.director.release(rec_b)
     for link, core in ((link_a, core_a), (link_b, core_b)):
         link.refresh()
         loads = [ep.load for ep in core.datastore.endpoints()]
-        assert [(x.requests, x.decoding, x.prefill_backlog, x.footprint_tokens) for x in loads] == [(0, 0, 0, 0)] * PODS
+        assert ([(x.requests, x.decoding, x.prefill_backlog, x.footprint_tokens, x.decode_ending) for x in loads]
+                == [(0, 0, 0, 0, 0)] * PODS)
 
 
 def test_the_work_rates_of_each_workers_picks_add_up(layout: PodLayout) -> None:

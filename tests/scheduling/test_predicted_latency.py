@@ -535,3 +535,34 @@ def test_request_control_books_the_timeline_on_the_credited_prediction_and_repor
 
     asyncio.run(run())
     assert all(e.load.requests == 0 and e.load.recompute_backlog == 0 for e in store.endpoints())
+
+
+def test_a_full_batch_of_short_and_long_outputs_frees_a_slot_at_the_short_ones_pace() -> None:
+    """The slot and KV waits are paced by how soon the running requests end. Two short and two
+    long generations free a slot when the first short one ends, far sooner than four of their mean
+    length would: the prediction takes that pace (Σ 1 / output); the ranking keeps the mean's."""
+    config = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: predicted-latency-producer, parameters: {maxNumSeqs: 4}}
+- type: latency-scorer
+"""
+
+    def full_pod(outputs: list[int]) -> Prediction:
+        store = pool()
+        ep = store.endpoints()[0]
+        for output in outputs:
+            item = Outstanding(100, 0, output, 100.0, predicted_ttft=0.0)
+            ep.load.add(item, 100.0)
+            ep.load.first_byte(item, 100.0)
+        return predictions(store, request("q" * 400), config)["10.0.0.1:8000"]
+
+    even, mixed = full_pod([200, 200, 200, 200]), full_pod([10, 390, 390, 10])
+    assert even.ttft == even.credited_ttft and even.wait_seconds > 0.1
+    assert mixed.cost == even.cost and mixed.credited_ttft == even.credited_ttft  # same sums, same ranking
+    by_mean = 4 / 100  # requests ending per step: four, each half way through 200 tokens
+    by_each = 2 * (1 / 10 + 1 / 390 + 1 / 390 + 1 / 10)
+    assert mixed.paced_wait_seconds == pytest.approx(mixed.wait_seconds * by_mean / by_each, rel=1e-3)
+    assert mixed.ttft == pytest.approx(mixed.prefill_seconds + mixed.paced_wait_seconds)
+    assert "paced_wait=" in mixed.compact() and "paced_wait=" not in even.compact()

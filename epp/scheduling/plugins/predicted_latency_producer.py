@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING
 from epp.api.request import InferenceRequest
 from epp.datastore import Datastore, Endpoint, ModelStats, StepCosts
 from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
-from epp.datastore.load import EndpointLoad, coverage
+from epp.datastore.load import ENDING_UNIT, EndpointLoad, coverage
 from epp.params import Params
 from epp.scheduling.framework import CycleState, DataProducer, Plugin
 from epp.scheduling.plugins._prefix_rates import PrefixRates
@@ -356,14 +356,15 @@ class PredictedLatencyProducer(DataProducer):
             step_feature = waits * (overhead + per_seq * decoding + per_context * context)
             prefill_feature = per_prefill * prefill_tokens + prior.per_attention_pair * pairs
             prefill_seconds = step_scale * step_feature + prefill_scale * prefill_feature
-            wait = 0.0
+            wait = paced_wait = 0.0
             if decoding > 0.0:
                 ending_output = running_output / decoding  # of the requests running there
                 if load.requests + unexplained >= ep.batch_limit.limit(configured_seqs):
-                    wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
+                    paced_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
                 m = metrics
                 if m.cache_num_blocks * m.cache_block_size > 0:
-                    wait += self._kv_wait(ep, own, decoding, context, ending_output)
+                    paced_wait += self._kv_wait(ep, own, decoding, context, ending_output)
+                wait = paced_wait
             if model and metrics.max_active_models > 0:
                 wait += self._adapter_wait(ep, model, decoding, context, mean_output)
             step = step_scale * (overhead + per_seq * (decoding + 1.0) + per_context * (context + prompt))
@@ -395,16 +396,21 @@ class PredictedLatencyProducer(DataProducer):
             if (load.stalled or load.pending) and service.observations:
                 wait += load.lateness(now)
             credited = prefill_seconds + wait
-            ttft = credited
+            reported_wait = wait
+            if paced_wait > 0.0:
+                reported_wait -= paced_wait * (1.0 - self._mean_pace_share(load, decoding, running_output,
+                                                                            unexplained, mean_output))
+            ttft = prefill_seconds + reported_wait
             extra = self._expected_extra(load, now, recompute, ledger_queued) if recompute or load.pending else 0.0
             if extra > 0:
                 tokens = prefill_tokens + extra
                 waits_x = max(1, math.ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
                 ttft = (step_scale * (waits_x * (overhead + per_seq * decoding + per_context * context))
-                        + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + wait
+                        + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + reported_wait
             append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
-                              own_seconds, recompute_tokens=recompute, credited_ttft=credited))
+                              own_seconds, recompute_tokens=recompute, credited_ttft=credited,
+                              paced_wait_seconds=reported_wait))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -436,9 +442,9 @@ class PredictedLatencyProducer(DataProducer):
             queued += (metrics.waiting_queue_size - load.pending_at_scrape) * stats.mean_prompt_tokens
         pairs = load.prefill_pairs + own * (cached + own * 0.5)
         estimate = service.ttft(queued + own, pairs, decoding, context)
-        wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
-        wait += self._kv_wait(ep, own, decoding, context, ending_output)
-        wait += self._adapter_wait(ep, model, decoding, context, mean_output)
+        paced_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
+        paced_wait += self._kv_wait(ep, own, decoding, context, ending_output)
+        wait = paced_wait + self._adapter_wait(ep, model, decoding, context, mean_output)
         # Requests that should have had their first token long ago and still have not: the pod
         # is that far behind what the ledger's timeline says (stuck on KV, say), and this one
         # would queue behind them.
@@ -488,10 +494,18 @@ class PredictedLatencyProducer(DataProducer):
         # this prompt's blocks it will compute again, the queued prompts' likewise, and the queued
         # prefill well past its expected end with no first token (the timeline counts it done).
         # The cost keeps the whole credit: a prefix's requests kept together share it once back.
+        # The slot and KV waits above assume the running requests end at their mean output's
+        # pace; really the short ones end first and free theirs sooner (the harmonic mean of the
+        # outputs sets the pace). The prediction takes that pace; the ranking keeps the mean's,
+        # a pod's long generations weighing on it as a whole.
+        reported_wait = wait
+        if paced_wait > 0.0:
+            reported_wait -= paced_wait * (1.0 - self._mean_pace_share(load, decoding, running_output,
+                                                                        unexplained, mean_output))
         extra = self._expected_extra(load, now, recompute, ledger_queued)
-        ttft = credited
+        ttft = estimate.seconds + reported_wait
         if extra > 0:
-            ttft = service.ttft(queued + own + extra, pairs, decoding, context).seconds + wait
+            ttft = service.ttft(queued + own + extra, pairs, decoding, context).seconds + reported_wait
         return Prediction(
             ttft=ttft,
             cost=credited + externality,
@@ -510,6 +524,7 @@ class PredictedLatencyProducer(DataProducer):
             prefix_source=source,
             recompute_tokens=recompute,
             credited_ttft=credited,
+            paced_wait_seconds=reported_wait,
         )
 
     @staticmethod
@@ -525,6 +540,15 @@ class PredictedLatencyProducer(DataProducer):
             if load.recompute_backlog > 0 and load.prefill_backlog > 0:
                 extra += load.recompute_backlog * min(1.0, (ledger_queued + late) / load.prefill_backlog)
         return extra
+
+    @staticmethod
+    def _mean_pace_share(load: EndpointLoad, decoding: float, running_output: float, unexplained: int,
+                         mean_output: float) -> float:
+        """The mean output's pace of ending over the running requests' own (Σ 1 / output): ≤ 1,
+        the factor that turns a wait paced by the mean into the real one."""
+        by_mean = decoding / max(1.0, running_output / decoding * 0.5)
+        by_each = 2.0 * (load.decode_ending / ENDING_UNIT + unexplained / max(2.0, mean_output))
+        return min(1.0, by_mean / by_each) if by_each > 0.0 else 1.0
 
     @staticmethod
     def _completions_per_second(service_step: float, decoding: float, mean_output: float) -> float:
