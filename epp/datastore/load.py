@@ -141,6 +141,7 @@ class EndpointLoad:
     requests_at_scrape: int = 0
     pending_at_scrape: int = 0
     footprint_at_scrape: int = 0
+    prefill_total_at_scrape: int = 0  # (the prefill sent since is in the footprint the scrape missed)
     # Picks per second sent to this endpoint, and the pod-seconds of work they bring per second
     # (its utilisation), both exponential averages over RATE_WINDOW as of `rates_at`.
     pick_rate: float = 0.0
@@ -287,6 +288,7 @@ class EndpointLoad:
         self.requests_at_scrape = self.requests
         self.pending_at_scrape = len(self.pending)
         self.footprint_at_scrape = self.footprint_tokens
+        self.prefill_total_at_scrape = self.prefill_total
 
     # -- reads (scheduling) --
 
@@ -363,6 +365,11 @@ class EndpointLoad:
                 return start + need / pace
             backlog -= left
         return math.inf
+
+    def unallocated(self, queued: float) -> float:
+        """Of `queued` prefill tokens, those the last scrape's KV use leaves out that the footprint
+        since does not count either (the picks since the scrape are in the footprint, whole)."""
+        return max(0.0, queued - (self.prefill_total - self.prefill_total_at_scrape))
 
     def backlog_at(self, now: float) -> float:
         """Prefill tokens still to do at `now`, without changing the ledger: the queue's total

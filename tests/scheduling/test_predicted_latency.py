@@ -566,3 +566,33 @@ plugins:
     assert mixed.paced_wait_seconds == pytest.approx(mixed.wait_seconds * by_mean / by_each, rel=1e-3)
     assert mixed.ttft == pytest.approx(mixed.prefill_seconds + mixed.paced_wait_seconds)
     assert "paced_wait=" in mixed.compact() and "paced_wait=" not in even.compact()
+
+
+def test_a_full_kv_cache_admits_the_queue_ahead_before_this_prompt() -> None:
+    """With the KV cache full, vLLM admits the waiting prompts first come first served as their
+    blocks fit: a pod whose queue ahead needs 20,000 tokens of blocks makes this prompt wait for
+    requests to end and free them, beyond the queue's prefill; a pod with the same batch and no
+    queue does not. The queue is counted once, whether the last scrape saw it waiting (it is not
+    in the KV use) or it was sent since (its footprint already is)."""
+    store = pool(kv_cache_usage=0.99)  # 3,200 tokens of 320,000 free
+    before, after, idle = store.endpoints()[:3]
+    for ep in (before, after, idle):
+        for _ in range(8):
+            item = Outstanding(4000, 0, 2000, 100.0, predicted_ttft=0.0)  # long generations: they end slowly
+            ep.load.add(item, 100.0)
+            ep.load.first_byte(item, 100.0)
+    before.load.add(Outstanding(20_000, 0, 100, 100.0, predicted_ttft=10.0), 100.0)
+    for ep in (before, after, idle):
+        ep.load.mark_scrape()
+    after.load.add(Outstanding(20_000, 0, 100, 100.0, predicted_ttft=10.0), 100.0)
+    p = predictions(store, request("q" * 4000))
+    waited, sent_since, free = p[before.address], p[after.address], p[idle.address]
+    assert free.wait_seconds == 0.0
+    assert waited.wait_seconds > 0.0
+    assert sent_since.wait_seconds == pytest.approx(waited.wait_seconds, rel=0.05)
+    # The admissions' time: the blocks short over what 9 requests' ends free per second.
+    service = before.service
+    step = service.step_seconds(8, 8 * (4000 + 1000))
+    freed_per_second = 8 / (1000 * step) * (8 * 6000 + 20_100) / 9
+    short = 20_000 + waited.own_prefill - 3200
+    assert waited.wait_seconds == pytest.approx(short / freed_per_second - waited.prefill_seconds, rel=0.02)

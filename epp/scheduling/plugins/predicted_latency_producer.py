@@ -363,7 +363,8 @@ class PredictedLatencyProducer(DataProducer):
                     paced_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
                 m = metrics
                 if m.cache_num_blocks * m.cache_block_size > 0:
-                    paced_wait += self._kv_wait(ep, own, decoding, context, ending_output)
+                    paced_wait += self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding, context,
+                                                ending_output)
                 wait = paced_wait
             if model and metrics.max_active_models > 0:
                 wait += self._adapter_wait(ep, model, decoding, context, mean_output)
@@ -443,7 +444,7 @@ class PredictedLatencyProducer(DataProducer):
         pairs = load.prefill_pairs + own * (cached + own * 0.5)
         estimate = service.ttft(queued + own, pairs, decoding, context)
         paced_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
-        paced_wait += self._kv_wait(ep, own, decoding, context, ending_output)
+        paced_wait += self._kv_wait(ep, own, load.unallocated(queued), estimate.seconds, decoding, context, ending_output)
         wait = paced_wait + self._adapter_wait(ep, model, decoding, context, mean_output)
         # Requests that should have had their first token long ago and still have not: the pod
         # is that far behind what the ledger's timeline says (stuck on KV, say), and this one
@@ -595,16 +596,26 @@ class PredictedLatencyProducer(DataProducer):
         used = max(m.kv_cache_usage * capacity, 0.0) + max(0, ep.load.footprint_tokens - ep.load.footprint_at_scrape)
         return capacity - used
 
-    def _kv_wait(self, ep: Endpoint, own: int, decoding: float, context: float, mean_output: float) -> float:
-        """Seconds until the pod's KV cache can take this prompt's uncached blocks."""
+    def _kv_wait(self, ep: Endpoint, own: int, ahead: float, prefill_seconds: float, decoding: float,
+                 context: float, mean_output: float) -> float:
+        """Seconds the pod's KV cache adds before this prompt's first token, beyond its prefill.
+
+        vLLM admits waiting prompts first come first served, each as its blocks fit: the queued
+        prefill `ahead` (not yet counted as held) takes the free blocks first, then this prompt's
+        uncached ones. What does not fit waits for requests to end, each freeing what it holds
+        (its prompt and its output). The queue drains at the slower of its prefill and those
+        admissions, so the wait is what the admissions take beyond `prefill_seconds` (the queue's
+        and this prompt's prefill)."""
         if decoding <= 0.0:
             return 0.0
         free = self._kv_free_tokens(ep)
         if free is None:
             return 0.0
-        short = own - free
+        short = ahead + own - free
         if short <= 0.0:
             return 0.0
+        load = ep.load
+        freed_per_request = load.footprint_tokens / load.requests if load.requests > 0 else context / decoding
         step = ep.service.step_seconds(decoding, context)
-        freed_per_second = self._completions_per_second(step, decoding, mean_output) * (context / decoding)
-        return short / max(freed_per_second, 1.0)
+        freed_per_second = self._completions_per_second(step, decoding, mean_output) * freed_per_request
+        return max(0.0, short / max(freed_per_second, 1.0) - prefill_seconds)
