@@ -1,7 +1,7 @@
 """Routing quality in virtual time: the built-in default (predicted latency) against every other
 policy, on every shipped workload, at 16 and 100 pods and on a pool that mixes GPU types.
 
-    python -m bench.scale [--quick] [--pools 16,100,8:h100+8:a100] [--workloads a,b] [--jobs 2] [--out DIR]
+    python -m bench.scale [--quick] [--pools 16,100,8:h100+8:a100] [--workloads a,b] [--seed N] [--jobs 2] [--out DIR]
 
 Writes `scale.md` under the output directory (default bench/results); progress on stderr. For
 every pool and workload the same requests, seed and pods go through:
@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", default="", help=f"comma-separated, of {', '.join(POOLS)} (a count works too)")
     parser.add_argument("--workloads", default="", help="comma-separated shipped workloads or files")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="parallel simulations")
+    parser.add_argument("--seed", type=int, default=1, help="the requests' random seed (the reports: 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--report", default="", help="the report's file name under --out (default: scale.md, "
                                                        "scale-quick.md with --quick)")
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         for pool in pools.values():
             workload = sized(load_workload(workload_name), pool)
             for policy in POLICIES:
-                tasks.append(SimTask(f"{workload_name}/{pool.label}", workload, policy, pool.spec))  # type: ignore[arg-type]
+                tasks.append(SimTask(f"{workload_name}/{pool.label}", workload, policy, pool.spec,  # type: ignore[arg-type]
+                                     seed=args.seed))
     started = time.perf_counter()
     reports = run_tasks(tasks, args.jobs, progress)
     wall = time.perf_counter() - started
@@ -143,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     table, passed, total = summary(cases)
     command = "".join([" --quick" if args.quick else "", f" --pools {args.pools}" if args.pools else "",
                        f" --workloads {args.workloads}" if args.workloads else "",
+                       f" --seed {args.seed}" if args.seed != 1 else "",
                        f" --report {args.report}" if args.report else ""])
     lines = [
         "# Routing quality in virtual time",
