@@ -23,6 +23,13 @@ from epp.scheduling.prediction import Prediction
 from epp.scheduling.prefix_match import PrefixMatch
 
 PODS = 4
+FOUR_SLOTS = """
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- {type: predicted-latency-producer, parameters: {maxNumSeqs: 4}}
+- type: latency-scorer
+"""  # a pod runs at most 4 requests at once
 
 
 def pool(**metrics: object) -> Datastore:
@@ -94,14 +101,7 @@ def test_a_full_batch_waits_for_a_slot() -> None:
         item = Outstanding(100, 0, 200, 100.0, predicted_ttft=0.0)
         ep.load.add(item, 100.0)
         ep.load.first_byte(item, 100.0)
-    config = """
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- {type: predicted-latency-producer, parameters: {maxNumSeqs: 4}}
-- type: latency-scorer
-"""
-    p = predictions(store, request("q" * 400), config)
+    p = predictions(store, request("q" * 400), FOUR_SLOTS)
     assert p["10.0.0.1:8000"].wait_seconds > 0.1 and p["10.0.0.2:8000"].wait_seconds == 0.0
 
 
@@ -541,13 +541,6 @@ def test_a_full_batch_of_short_and_long_outputs_frees_a_slot_at_the_short_ones_p
     """The slot and KV waits are paced by how soon the running requests end. Two short and two
     long generations free a slot when the first short one ends, far sooner than four of their mean
     length would: the prediction takes that pace (Σ 1 / output); the ranking keeps the mean's."""
-    config = """
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- {type: predicted-latency-producer, parameters: {maxNumSeqs: 4}}
-- type: latency-scorer
-"""
 
     def full_pod(outputs: list[int]) -> Prediction:
         store = pool()
@@ -556,7 +549,7 @@ plugins:
             item = Outstanding(100, 0, output, 100.0, predicted_ttft=0.0)
             ep.load.add(item, 100.0)
             ep.load.first_byte(item, 100.0)
-        return predictions(store, request("q" * 400), config)["10.0.0.1:8000"]
+        return predictions(store, request("q" * 400), FOUR_SLOTS)["10.0.0.1:8000"]
 
     even, mixed = full_pod([200, 200, 200, 200]), full_pod([10, 390, 390, 10])
     assert even.ttft == even.credited_ttft and even.wait_seconds > 0.1
