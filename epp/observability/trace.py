@@ -79,8 +79,8 @@ class DecisionRecord:
                          "cache_credit": p.cached_tokens, "recompute": p.recompute_tokens,
                          "credited_ttft_ms": round((p.credited_ttft or p.ttft) * 1e3, 2),
                          "prefill_ms": round(p.prefill_seconds * 1e3, 2),
-                         "wait_ms": round(p.wait_seconds * 1e3, 2), "paced_wait_ms": round(p.paced_wait_seconds * 1e3, 2),
-                         "itl_ms": round(p.itl * 1e3, 2),
+                         "wait_ms": round(p.wait_seconds * 1e3, 2),
+                         "paced_wait_ms": round(p.paced_wait_seconds * 1e3, 2), "itl_ms": round(p.itl * 1e3, 2),
                          "copy_credit_ms": round(p.copy_credit * 1e3, 2), "copy_reason": p.copy_reason,
                          "prefix_source": p.prefix_source})
         return rows

@@ -49,6 +49,7 @@ class Prediction:
         return (f"ttft={self.ttft * 1e3:.1f}ms,cost={self.cost * 1e3:.1f}ms(q={self.queued_prefill:.0f},own={self.own_prefill},"
                 f"hit={self.cached_tokens}" + (f",recompute={self.recompute_tokens}" if self.recompute_tokens else "")
                 + f",wait={self.wait_seconds * 1e3:.1f}ms"
-                + (f",paced_wait={self.paced_wait_seconds * 1e3:.1f}ms" if self.paced_wait_seconds != self.wait_seconds else "")
+                + (f",paced_wait={self.paced_wait_seconds * 1e3:.1f}ms"
+                   if self.paced_wait_seconds != self.wait_seconds else "")
                 + f",itl={self.itl * 1e3:.1f}ms"
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

@@ -356,16 +356,16 @@ class PredictedLatencyProducer(DataProducer):
             step_feature = waits * (overhead + per_seq * decoding + per_context * context)
             prefill_feature = per_prefill * prefill_tokens + prior.per_attention_pair * pairs
             prefill_seconds = step_scale * step_feature + prefill_scale * prefill_feature
-            wait = paced_wait = 0.0
+            wait = slot_kv_wait = 0.0
             if decoding > 0.0:
                 ending_output = running_output / decoding  # of the requests running there
                 if load.requests + unexplained >= ep.batch_limit.limit(configured_seqs):
-                    paced_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
+                    slot_kv_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
                 m = metrics
                 if m.cache_num_blocks * m.cache_block_size > 0:
-                    paced_wait += self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding, context,
-                                                ending_output)
-                wait = paced_wait
+                    slot_kv_wait += self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding,
+                                                  context, ending_output)
+                wait = slot_kv_wait
             if model and metrics.max_active_models > 0:
                 wait += self._adapter_wait(ep, model, decoding, context, mean_output)
             step = step_scale * (overhead + per_seq * (decoding + 1.0) + per_context * (context + prompt))
@@ -398,9 +398,9 @@ class PredictedLatencyProducer(DataProducer):
                 wait += load.lateness(now)
             credited = prefill_seconds + wait
             reported_wait = wait
-            if paced_wait > 0.0:
-                reported_wait -= paced_wait * (1.0 - self._mean_pace_share(load, decoding, running_output,
-                                                                            unexplained, mean_output))
+            if slot_kv_wait > 0.0:
+                reported_wait -= slot_kv_wait * (1.0 - self._mean_pace_share(load, decoding, running_output,
+                                                                              unexplained, mean_output))
             ttft = prefill_seconds + reported_wait
             extra = self._expected_extra(load, now, recompute, ledger_queued) if recompute or load.pending else 0.0
             if extra > 0:
@@ -443,9 +443,10 @@ class PredictedLatencyProducer(DataProducer):
             queued += (metrics.waiting_queue_size - load.pending_at_scrape) * stats.mean_prompt_tokens
         pairs = load.prefill_pairs + own * (cached + own * 0.5)
         estimate = service.ttft(queued + own, pairs, decoding, context)
-        paced_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
-        paced_wait += self._kv_wait(ep, own, load.unallocated(queued), estimate.seconds, decoding, context, ending_output)
-        wait = paced_wait + self._adapter_wait(ep, model, decoding, context, mean_output)
+        slot_kv_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
+        slot_kv_wait += self._kv_wait(ep, own, load.unallocated(queued), estimate.seconds, decoding, context,
+                                      ending_output)
+        wait = slot_kv_wait + self._adapter_wait(ep, model, decoding, context, mean_output)
         # Requests that should have had their first token long ago and still have not: the pod
         # is that far behind what the ledger's timeline says (stuck on KV, say), and this one
         # would queue behind them.
@@ -500,9 +501,9 @@ class PredictedLatencyProducer(DataProducer):
         # outputs sets the pace). The prediction takes that pace; the ranking keeps the mean's,
         # a pod's long generations weighing on it as a whole.
         reported_wait = wait
-        if paced_wait > 0.0:
-            reported_wait -= paced_wait * (1.0 - self._mean_pace_share(load, decoding, running_output,
-                                                                        unexplained, mean_output))
+        if slot_kv_wait > 0.0:
+            reported_wait -= slot_kv_wait * (1.0 - self._mean_pace_share(load, decoding, running_output,
+                                                                          unexplained, mean_output))
         extra = self._expected_extra(load, now, recompute, ledger_queued)
         ttft = estimate.seconds + reported_wait
         if extra > 0:
