@@ -35,6 +35,7 @@ _LATE_MIN = 0.02  # seconds
 _STALLED_MAX = 256  # stalled requests remembered per endpoint (the oldest matter)
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
 _MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
+_BUSY_ALPHA = 0.1  # weight of the newest interval in `EndpointLoad.busy_interval`
 
 
 def coverage(since: float, now: float, window: float = RATE_WINDOW) -> float:
@@ -64,6 +65,7 @@ class Outstanding:
     dispatched: float  # clock time of the pick
     predicted_ttft: float = 0.0  # seconds, from the pick, with the whole cache credit (the timeline's)
     reported_ttft: float = 0.0  # the prediction reported and compared with the observed TTFT (0: predicted_ttft)
+    raw_ttft: float = 0.0  # `reported_ttft` before the pod's calibration (0: none to learn)
     streamed: bool = True  # its first byte will be its first token
     model: str = ""  # the target model (a LoRA adapter's name keeps that adapter busy on the pod)
     recompute_tokens: int = 0  # of `cached_tokens`, those the pod is expected to compute again
@@ -151,6 +153,14 @@ class EndpointLoad:
     # When the averages began (the first pick here, or the first rates another writer reported):
     # before a window has passed they read low, and are divided by their `coverage` when read.
     rates_since: float = -1.0
+    # The pod's measured pace of first tokens while it has a backlog: an exponential average of
+    # the time between consecutive first bytes of this writer's requests, counting only the
+    # intervals whose request was sent before the previous first byte (it was waiting, so the
+    # interval is the pod's work, not a pause in traffic). A pod whose KV is full admits its
+    # queue at the pace its running requests end, not at its prefill rate; this measures that
+    # pace (`drain_seconds`).
+    busy_interval: float = 0.0
+    last_first_byte: float = -1.0  # clock time of this writer's latest first byte here (-1: none)
     # Monotone counters and integrals (for the mean batch over a request's decode).
     prefill_total: int = 0  # prefill tokens ever sent
     decode_integral: float = 0.0  # ∫ decoding dt
@@ -189,6 +199,13 @@ class EndpointLoad:
         self.settle(now)
         item.first_token = now
         item.stalled = False
+        last = self.last_first_byte
+        if last >= 0.0 and item.dispatched < last <= now:  # backlogged: the pod's own pace
+            interval = now - last  # (0 for first tokens of one step: the mean stays the pace)
+            self.busy_interval = (interval if self.busy_interval <= 0.0
+                                  else self.busy_interval + _BUSY_ALPHA * (interval - self.busy_interval))
+        if now > last:
+            self.last_first_byte = now
         # The pod serves in pick order: the stalled requests picked before this one are moving.
         stalled = self.stalled
         while stalled and stalled[0].dispatched <= item.dispatched:
@@ -322,6 +339,16 @@ class EndpointLoad:
         if self.prefill_rate <= 0.0:
             return 0.0
         return self.prefill_rate * self._read_factor(now)
+
+    def drain_seconds(self) -> float:
+        """Seconds until a request sent now gets its first token if the pod keeps the pace it has
+        measured while backlogged (`busy_interval`): one interval for each of this writer's
+        requests still waiting, and its own (0: no pace measured). Counting only this writer's
+        queue keeps it right with several writers: each sees its share of the first bytes, so
+        its intervals are as much longer as its queue is shorter."""
+        if self.busy_interval <= 0.0:
+            return 0.0
+        return (len(self.pending) + 1) * self.busy_interval
 
     def late_prefill(self, now: float) -> int:
         """Prefill tokens of requests well past their expected first token and still without it

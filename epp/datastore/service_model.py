@@ -28,6 +28,13 @@ from dataclasses import dataclass, field
 
 _MIN_SCALE = 0.05
 _MAX_SCALE = 50.0
+_CALIBRATION_STEP = 0.01  # of `ttft_bias` per observation: ~1% of the factor, a memory of ~100
+_MAX_BIAS = 1.5  # |ttft_bias|: the factor stays within e^±1.5 (0.22–4.5)
+# Of `ttft_bias`, what is applied: none of its first 0.05 either way. A fixed-step median wanders
+# by a few steps around its target; on a pod the model already predicts well that wander was
+# pure noise (a point of median error on ordinary workloads), while the errors it is for are
+# tens of percent.
+_DEAD_BAND = 0.05
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,8 +68,14 @@ class ServiceModel:
     step_scale: float = 1.0
     prefill_scale: float = 1.0
     observations: int = 0
-    # EWMA of |predicted - observed| / observed over TTFT observations (what SREs watch).
+    # EWMA of |predicted - observed| / observed over the reported TTFT predictions (what SREs watch).
     ttft_error: float = 0.0
+    ttft_errors: int = 0  # observations behind `ttft_error`
+    # log of the factor the reported TTFT prediction is multiplied by (`calibrate`): the running
+    # median of log(observed / uncalibrated prediction) on this pod. It corrects what the two
+    # scales cannot — waits the model does not see, such as a pod's KV admissions — in what is
+    # reported (the decision trace, the error histogram, the SLO filter), never the ranking.
+    ttft_bias: float = 0.0
     # Least squares on features relative to the prediction, A = Σ w·x·xᵀ and b = Σ w·x·y, plus
     # `prior_weight` pseudo-observations of scale 1 that are forgotten like real ones.
     prior_weight: float = 2.0
@@ -112,9 +125,9 @@ class ServiceModel:
 
     # -- learning --
 
-    def observe(self, step_feature: float, prefill_feature: float, observed: float, *,
-                ttft: bool = False) -> None:
-        """One observation `observed ≈ step_scale·step_feature + prefill_scale·prefill_feature`."""
+    def observe(self, step_feature: float, prefill_feature: float, observed: float) -> None:
+        """One observation `observed ≈ step_scale·step_feature + prefill_scale·prefill_feature`
+        (a time to first token, or a mean inter-token latency)."""
         if not (observed > 0.0 and math.isfinite(observed)) or step_feature < 0.0 or prefill_feature < 0.0:
             return
         if not (math.isfinite(step_feature) and math.isfinite(prefill_feature)):
@@ -122,9 +135,6 @@ class ServiceModel:
         predicted = self.step_scale * step_feature + self.prefill_scale * prefill_feature
         if predicted <= 0.0:
             return
-        if ttft:
-            error = abs(predicted - observed) / observed
-            self.ttft_error = error if self.observations == 0 else 0.9 * self.ttft_error + 0.1 * error
         # observed / predicted ≈ step_scale·x1 + prefill_scale·x2, each feature relative to the
         # prediction (1.0 on the right is exact).
         x1 = step_feature / predicted
@@ -141,6 +151,32 @@ class ServiceModel:
         self._b2 = g * self._b2 + weight * x2 * y
         self.observations += 1
         self._solve()
+
+    @property
+    def ttft_factor(self) -> float:
+        """What the reported TTFT prediction is multiplied by: `ttft_bias` less its dead band."""
+        bias = self.ttft_bias
+        if -_DEAD_BAND <= bias <= _DEAD_BAND:
+            return 1.0
+        return math.exp(bias - _DEAD_BAND if bias > 0.0 else bias + _DEAD_BAND)
+
+    def calibrate(self, raw_ttft: float, observed: float) -> None:
+        """A reported prediction before calibration (`raw_ttft`) against the time to first token
+        observed: step `ttft_bias` towards the median of their log ratio.
+
+        A median, stepped by a fixed amount, because the ratio's tail is long (a request stuck
+        behind KV admissions waits several times its prediction) and a mean would chase it. Open
+        loop, on the uncalibrated prediction: fed back through its own output the factor rang.
+        Per pod, because the error is the pod's: a fast GPU in a mixed pool learns a prefill scale
+        from its KV-bound outliers and over-predicts its ordinary requests."""
+        if not (raw_ttft > 0.0 and observed > 0.0 and math.isfinite(raw_ttft) and math.isfinite(observed)):
+            return
+        error = abs(raw_ttft * self.ttft_factor - observed) / observed
+        self.ttft_error = error if self.ttft_errors == 0 else 0.9 * self.ttft_error + 0.1 * error
+        self.ttft_errors += 1
+        bias = self.ttft_bias + (_CALIBRATION_STEP if observed > raw_ttft * math.exp(self.ttft_bias)
+                                 else -_CALIBRATION_STEP)
+        self.ttft_bias = min(_MAX_BIAS, max(-_MAX_BIAS, bias))
 
     def _solve(self) -> None:
         """Refit both scales; the prior pulls on the relative error of the scale it says.

@@ -246,7 +246,8 @@ class Director:
             # the expected one (with the prefix blocks the pod will compute again) is reported.
             item = Outstanding(prediction.prompt_tokens, prediction.cached_tokens, prediction.output_tokens, now,
                                predicted_ttft=prediction.credited_ttft or prediction.ttft,
-                               reported_ttft=prediction.ttft, streamed=request.stream, model=request.target_model,
+                               reported_ttft=prediction.ttft, raw_ttft=prediction.raw_ttft or prediction.ttft,
+                               streamed=request.stream, model=request.target_model,
                                recompute_tokens=prediction.recompute_tokens)
             if prediction.wait_seconds == 0.0:  # a prediction that waited on a slot teaches nothing
                 item.step_feature = prediction.step_feature
@@ -305,7 +306,9 @@ class Director:
         item.mark_prefill_total = load.prefill_total
         observed = now - item.dispatched
         if item.step_feature or item.prefill_feature:
-            service.observe(item.step_feature, item.prefill_feature, observed, ttft=True)
+            service.observe(item.step_feature, item.prefill_feature, observed)
+        if item.raw_ttft > 0.0:
+            service.calibrate(item.raw_ttft, observed)
         if self.shared is not None:
             self.shared.changed(endpoint)
         if self.metrics:

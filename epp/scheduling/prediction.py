@@ -43,6 +43,9 @@ class Prediction:
     # requests really end (the short ones first), where `wait_seconds` (in `credited_ttft` and
     # `cost`) takes the pace of their mean output.
     paced_wait_seconds: float = 0.0
+    # `ttft` before the pod's calibration factor (`ServiceModel.ttft_bias`): what the factor
+    # learns from, against the observed time to first token (0: the same as `ttft`).
+    raw_ttft: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""

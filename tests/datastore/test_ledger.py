@@ -199,3 +199,32 @@ def test_stalled_requests_remembered_are_bounded() -> None:
         load.add(item(ttft=0.01, at=float(i) * 1e-3), float(i) * 1e-3)
     load.settle(100.0)
     assert len(load.stalled) <= 256 and load.lateness(100.0) > 0.0
+
+
+def test_the_pace_of_first_tokens_counts_only_intervals_the_pod_was_backlogged() -> None:
+    """`busy_interval` is the pod's own pace: the time between first bytes whose request was sent
+    before the previous first byte. A request sent after a pause measures the pause, not the pod."""
+    load = EndpointLoad()
+    first, second, third = item(at=0.0), item(at=0.0), item(at=0.0)
+    for it in (first, second, third):
+        load.add(it, 0.0)
+    load.first_byte(first, 1.0)
+    assert load.busy_interval == 0.0  # nothing before it to measure from
+    load.first_byte(second, 1.5)
+    assert load.busy_interval == pytest.approx(0.5)
+    load.first_byte(third, 1.5)  # two first tokens of one step: an interval of 0
+    assert load.busy_interval == pytest.approx(0.5 + 0.1 * (0.0 - 0.5))
+    paced = load.busy_interval
+    late = item(at=5.0)  # sent after a pause: its interval is no measure of the pod
+    load.add(late, 5.0)
+    load.first_byte(late, 5.2)
+    assert load.busy_interval == paced and load.last_first_byte == 5.2
+    # The drain: one interval per request of this writer's still waiting, and one for a new one.
+    queued = [item(at=6.0) for _ in range(3)]
+    for it in queued:
+        load.add(it, 6.0)
+    assert load.drain_seconds() == pytest.approx(4 * paced)
+    for it in [first, second, third, late] + queued:
+        load.release(it, 7.0)
+    assert_empty(load)
+    assert EndpointLoad().drain_seconds() == 0.0  # no pace measured: no drain

@@ -21,7 +21,7 @@ def synthetic_pod(step_scale: float, prefill_scale: float, rng: random.Random, m
         context = decoding * rng.randint(200, 4000)
         estimate = model.ttft(queued + own, own * own * 0.5, decoding, context)
         true = step_scale * estimate.step_feature + prefill_scale * estimate.prefill_feature
-        model.observe(estimate.step_feature, estimate.prefill_feature, true * (1 + rng.gauss(0, noise)), ttft=True)
+        model.observe(estimate.step_feature, estimate.prefill_feature, true * (1 + rng.gauss(0, noise)))
         step, prefill = model.itl_features(decoding + 1, context, rng.choice([0, 0, 500]))
         true_itl = step_scale * step + prefill_scale * prefill
         model.observe(step, prefill, true_itl * (1 + rng.gauss(0, noise)))
@@ -49,7 +49,7 @@ def test_outliers_do_not_drag_the_fit() -> None:
     rng = random.Random(2)
     synthetic_pod(2.0, 2.0, rng, model, 300)
     for _ in range(30):  # a preempted request, a network hiccup: 20x the time, 10% of the data
-        model.observe(0.02, 0.05, 1.4, ttft=True)
+        model.observe(0.02, 0.05, 1.4)
         synthetic_pod(2.0, 2.0, rng, model, 9)
     assert model.step_scale == pytest.approx(2.0, rel=0.2)
     assert model.prefill_scale == pytest.approx(2.0, rel=0.2)
@@ -101,7 +101,45 @@ def test_a_noisy_first_token_time_does_not_bias_the_fit() -> None:
         estimate = model.ttft(own, own * (cached + own * 0.5), decoding, context)
         steps = estimate.steps
         true = step * (steps + rng.random()) + (p.per_prefill_token * own + p.per_attention_pair * own * (cached + own * 0.5))
-        model.observe(estimate.step_feature, estimate.prefill_feature, true, ttft=True)
+        model.observe(estimate.step_feature, estimate.prefill_feature, true)
         model.observe(*model.itl_features(decoding, context, 0), step * (1 + rng.gauss(0, 0.05)))
     assert model.step_scale == pytest.approx(1.0, rel=0.1)
     assert model.prefill_scale == pytest.approx(1.0, rel=0.1)
+
+
+def test_calibration_tracks_the_median_ratio_of_observed_to_predicted() -> None:
+    """A pod whose requests take 1.6× the raw prediction at the median, with a long tail (one in
+    five 5× late, stuck behind KV admissions): the factor goes to the median, not the mean, and the
+    error SREs see shrinks with it. Bad inputs teach nothing."""
+    model = ServiceModel()
+    rng = random.Random(5)
+    errors_before: list[float] = []
+    for i in range(2000):
+        raw = rng.uniform(0.05, 2.0)
+        observed = raw * 1.6 * math.exp(rng.gauss(0.0, 0.2))
+        if rng.random() < 0.2:
+            observed *= 5.0
+        if i < 20:
+            errors_before.append(abs(raw - observed) / observed)
+        model.calibrate(raw, observed)
+    median_ratio = 1.6 * math.exp(0.2 * 0.32)  # the clean part's 62.5th percentile (it is 80% of all)
+    assert math.exp(model.ttft_bias) == pytest.approx(median_ratio, rel=0.1)
+    assert model.ttft_factor == pytest.approx(math.exp(model.ttft_bias), rel=0.06)
+    assert model.ttft_error < sorted(errors_before)[10]
+    bias = model.ttft_bias
+    for raw, observed in [(0.0, 1.0), (1.0, 0.0), (math.nan, 1.0), (1.0, math.inf), (-1.0, 2.0)]:
+        model.calibrate(raw, observed)
+    assert model.ttft_bias == bias
+
+
+def test_calibration_is_bounded_and_leaves_a_well_predicted_pod_alone() -> None:
+    model = ServiceModel()
+    for _ in range(1000):
+        model.calibrate(0.001, 100.0)  # absurdly late: the factor stops at its bound
+    assert model.ttft_factor == pytest.approx(math.exp(1.5 - 0.05), rel=1e-6)
+    fine = ServiceModel()
+    rng = random.Random(6)
+    for _ in range(500):  # right at the median: the factor wanders within its dead band
+        raw = rng.uniform(0.05, 2.0)
+        fine.calibrate(raw, raw * math.exp(rng.gauss(0.0, 0.3)))
+    assert fine.ttft_factor == pytest.approx(1.0, abs=0.03)

@@ -4,6 +4,7 @@ and what the SLO filter keeps — through the real config loader and director.""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 import pytest
@@ -589,3 +590,69 @@ def test_a_full_kv_cache_admits_the_queue_ahead_before_this_prompt() -> None:
     freed_per_second = 8 / (1000 * step) * (8 * 6000 + 20_100) / 9
     short = 20_000 + waited.own_prefill - 3200
     assert waited.wait_seconds == pytest.approx(short / freed_per_second - waited.prefill_seconds, rel=0.02)
+
+
+def test_a_full_pod_with_a_queue_is_predicted_at_its_measured_pace_and_ranked_as_before() -> None:
+    """A pod whose KV is full admits its queue as running requests end: the prediction is at least
+    its queue ahead at the pace measured between its first tokens while backlogged. Only with a
+    full cache and a scraped queue, and only the prediction: the ranking's cost does not move."""
+    store = pool()
+    ep = store.endpoints()[0]
+    producer = PredictedLatencyProducer(datastore=store)
+    stats = store.models.get("m")
+    for _ in range(5):
+        ep.load.add(Outstanding(500, 0, 100, 99.0, predicted_ttft=0.05), 99.0)
+    ep.load.busy_interval = 0.4  # measured: a first token every 0.4 s while it had a backlog
+    plain = producer.predict(ep, None, 500, 100, 100.0, stats)
+    assert plain.ttft < 1.0
+    for waiting, kv, paced in [(3, 0.95, True), (0, 0.95, False), (3, 0.5, False)]:
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                          waiting_queue_size=waiting, kv_cache_usage=kv))
+        ep.load.mark_scrape()
+        got = producer.predict(ep, None, 500, 100, 100.0, stats)
+        if paced:
+            assert got.ttft == pytest.approx(6 * 0.4) and got.raw_ttft == got.ttft  # five ahead, then this one
+        else:
+            assert got.ttft < 1.0
+        assert got.cost == producer.predict(ep, None, 500, 100, 100.0, stats).cost
+
+
+def test_request_control_calibrates_the_reported_prediction_per_pod() -> None:
+    """Each streamed first byte steps the pod's calibration towards observed / predicted; the
+    calibrated prediction is what is reported, the raw one what it learns from, and the cost
+    (the ranking) does not move. (The step model does not learn here, so the calibration is all
+    that can follow the slow pod.)"""
+    clock = [100.0]
+    store = Datastore(clock=lambda: clock[0])
+    for i in range(2):
+        e = store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000))
+        e.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99))
+    config = FOUR_SLOTS.replace("maxNumSeqs: 4", "learn: false")
+    core = build_core(store, config, tick=0.05, seed=1)
+    slow = store.endpoints()[0]
+
+    async def one(text: str) -> Prediction:
+        decision, record = await core.director.handle_request(request(text))
+        prediction = decision.result.cycle.predictions[decision.targets[0].address]
+        assert record.outstanding.raw_ttft == prediction.raw_ttft
+        # pod-0 answers 3x later than its raw prediction, pod-1 as predicted
+        late = 3.0 if record.endpoint is slow else 1.0
+        clock[0] += prediction.raw_ttft * late
+        core.director.first_byte(record)
+        core.director.release(record, Usage.of(100, 10))
+        clock[0] += 1.0
+        return prediction
+
+    async def run() -> None:
+        for i in range(300):
+            await one(f"{i} " + "w " * 200)
+
+    asyncio.run(run())
+    assert slow.service.ttft_factor == pytest.approx(3.0 * math.exp(-0.05), rel=0.05)
+    assert store.endpoints()[1].service.ttft_factor == 1.0
+    cycle = CycleState()
+    for producer in core.config.scheduler.producers:
+        producer.prepare(cycle, request("x " * 200), list(store.endpoints()))
+    p = cycle.predictions[slow.address]
+    assert p.ttft == pytest.approx(p.raw_ttft * slow.service.ttft_factor)
+    assert p.credited_ttft < p.ttft  # the ranking's prediction is not calibrated

@@ -1,8 +1,8 @@
 """The optimised per-candidate prediction (`predict_all`) gives the very same results as the
 readable one kept beside it (`_predict`), on random states: ledgers with requests in every
 phase, scraped metrics the ledger does and does not explain, full batches (configured and
-learned batch limits), full KV caches, LoRA adapters, learned service models, prefix credit,
-evictions and prefixes to compute again. A change to the prediction is made in both; this test
+learned batch limits), full KV caches, LoRA adapters, learned service models and calibrations,
+paces measured while backlogged, prefix credit, evictions and prefixes to compute again. A change to the prediction is made in both; this test
 says where they part."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> Endpoint:
     ep = Endpoint(EndpointSpec(f"pod-{i}", f"10.0.0.{i}", 8000))
     max_seqs = rng.choice([4, 8, 256])
     ep.service = ServiceModel(prior=StepCosts(max_num_seqs=max_seqs, max_batched_tokens=rng.choice([2048, 8192])),
-                              step_scale=rng.uniform(0.3, 3.0), prefill_scale=rng.uniform(0.3, 3.0))
+                              step_scale=rng.uniform(0.3, 3.0), prefill_scale=rng.uniform(0.3, 3.0),
+                              ttft_bias=rng.choice([0.0, rng.uniform(-1.0, 1.0)]))
     load = ep.load
     t = now - rng.uniform(0.0, 30.0)
     for _ in range(rng.randint(0, 12)):
@@ -39,10 +40,12 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> Endpoint:
             load.mark_scrape()
     if rng.random() < 0.5:
         load.settle(now - rng.uniform(0.0, 1.0))
+    if rng.random() < 0.3:  # a pace of first tokens measured while backlogged
+        load.busy_interval = rng.uniform(0.001, 0.5)
     blocks = rng.choice([0, 16, 4096])
     ep.metrics = EndpointMetrics(
         waiting_queue_size=rng.randint(0, 12), running_requests=rng.randint(0, 40),
-        kv_cache_usage=rng.random(), models=frozenset({"base"}),
+        kv_cache_usage=rng.choice([rng.random(), rng.uniform(0.9, 1.0)]), models=frozenset({"base"}),
         active_models=frozenset(rng.sample(["lora-a", "lora-b", "lora-c"], rng.randint(0, 3))),
         max_active_models=rng.choice([0, 1, 2, 4]), cache_block_size=16 if blocks else 0, cache_num_blocks=blocks,
         update_time=now - 0.01)

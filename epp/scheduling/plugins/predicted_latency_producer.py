@@ -22,6 +22,11 @@ queued prefill well past its expected end with no first token yet. The ranking a
 timeline keep the whole credit (`credited_ttft`): ranked on the expected credit, a document's
 requests scatter over more pods, each computing it again (BENCHMARKS.md); kept together, they
 share it once it is back.
+Two corrections, again to what is reported only: on a pod whose KV cache is full and whose queue
+is not empty, the prediction is at least the queue ahead at the pace the pod has been measured to
+give first tokens while backlogged (`EndpointLoad.drain_seconds`: it admits as running requests
+end, which the step model cannot see); and each pod's prediction is multiplied by its learned
+calibration factor, the running median of observed over predicted (`ServiceModel.calibrate`).
 
 Candidates are ranked on `cost`: the TTFT with the whole credit plus what the pick costs the
 requests after it (its decode's share of their steps, its prefill ahead of theirs, its chunk in
@@ -84,6 +89,7 @@ _RATE_WINDOW = 10.0  # seconds
 _MAX_UTILIZATION = 0.95
 _SPEED_MARGIN = 0.25  # pods learned within this of each other are not told apart by speed
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
+_KV_FULL = 0.9  # scraped KV use from which a pod with a queue admits at the pace requests end
 
 
 class PredictedLatencyProducer(DataProducer):
@@ -408,10 +414,16 @@ class PredictedLatencyProducer(DataProducer):
                 waits_x = max(1, math.ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
                 ttft = (step_scale * (waits_x * (overhead + per_seq * decoding + per_context * context))
                         + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + reported_wait
+            if waiting_queue > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
+                drain = load.drain_seconds()
+                if drain > ttft:
+                    ttft = drain
+            raw_ttft = ttft
+            ttft = raw_ttft * service.ttft_factor
             append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
                               own_seconds, recompute_tokens=recompute, credited_ttft=credited,
-                              paced_wait_seconds=reported_wait))
+                              paced_wait_seconds=reported_wait, raw_ttft=raw_ttft))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -508,6 +520,18 @@ class PredictedLatencyProducer(DataProducer):
         ttft = estimate.seconds + reported_wait
         if extra > 0:
             ttft = service.ttft(queued + own + extra, pairs, decoding, context).seconds + reported_wait
+        # A pod whose KV is full admits its queue as its running requests end, at a pace the step
+        # model does not know (it depends on how long they run, and how much of the cache a
+        # prompt takes); while it is so, the pace measured between its first tokens says how
+        # long this request's turn is (`EndpointLoad.drain_seconds`). The prediction takes the
+        # later of the two. Not the ranking: on the pods it affects every candidate is full, and
+        # ranked on it a prefix's requests spread over pods that each compute it again.
+        if metrics.waiting_queue_size > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
+            ttft = max(ttft, load.drain_seconds())
+        # What is left the pod's calibration corrects: its own median ratio of observed to
+        # predicted (`ServiceModel.calibrate`).
+        raw_ttft = ttft
+        ttft = raw_ttft * service.ttft_factor
         return Prediction(
             ttft=ttft,
             cost=credited + externality,
@@ -527,6 +551,7 @@ class PredictedLatencyProducer(DataProducer):
             recompute_tokens=recompute,
             credited_ttft=credited,
             paced_wait_seconds=reported_wait,
+            raw_ttft=raw_ttft,
         )
 
     @staticmethod
