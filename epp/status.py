@@ -43,11 +43,12 @@ def render(status: admin_pb2.Status) -> str:
         lines.append("(no endpoints)")
     else:
         lines += ["", f"{'SERVICE MODEL':<24}{'QUEUED':>9}{'DECODING':>10}{'PREFILL/s':>11}{'STEP':>8}"
-                      f"{'x STEP':>8}{'x PREFILL':>10}{'TTFT ERR':>10}{'SAMPLES':>9}{'SLOTS':>7}"]
+                      f"{'x STEP':>8}{'x PREFILL':>10}{'x TTFT':>8}{'TTFT ERR':>10}{'SAMPLES':>9}{'SLOTS':>7}"]
         for ep in status.endpoints:
             lines.append(f"{ep.address:<24}{ep.queued_prefill_tokens:>9.0f}{ep.decoding_requests:>10}"
                          f"{ep.prefill_tokens_per_second:>11.0f}{ep.step_seconds * 1000:>6.1f}ms"
-                         f"{ep.step_scale:>8.2f}{ep.prefill_scale:>10.2f}{ep.ttft_prediction_error:>10.0%}"
+                         f"{ep.step_scale:>8.2f}{ep.prefill_scale:>10.2f}{ep.ttft_calibration or 1.0:>8.2f}"
+                         f"{ep.ttft_prediction_error:>10.0%}"
                          f"{ep.service_observations:>9}{ep.batch_limit or '-':>7}")
     if status.flow_control_enabled:
         lines += ["", f"{'QUEUE priority':<16}{'FLOW':<24}{'REQUESTS':>10}{'BYTES':>12}{'OLDEST':>10}"]

@@ -63,6 +63,7 @@ def build_status(sources: StatusSources, decisions: int) -> admin_pb2.Status:
             step_scale=service.step_scale, prefill_scale=service.prefill_scale,
             ttft_prediction_error=service.ttft_error, service_observations=service.observations,
             batch_limit=ep.batch_limit.most_running if ep.batch_limit.taken else 0,
+            ttft_calibration=service.ttft_factor, first_token_interval_seconds=load.busy_interval,
         ))
     for q in sources.queues():
         status.queues.append(admin_pb2.QueueStatus(priority=q.priority, fairness_id=q.fairness_id,

@@ -21,7 +21,11 @@ ledger hold?
   (what the last scrape showed beyond the EPP's own requests: other replicas, direct clients),
   `inference_pool_endpoint_prefill_rate_tokens_per_second` and
   `inference_pool_endpoint_step_seconds` (the learned service model at the current batch), and
-  `inference_pool_endpoint_ttft_prediction_error` (its recent mean relative error).
+  `inference_pool_endpoint_ttft_prediction_error` (its recent mean relative error, of the
+  prediction reported), `inference_pool_endpoint_ttft_calibration` (the factor the pod's
+  prediction is multiplied by: its learned median of observed over predicted; far from 1, the
+  step model misses something about the pod) and `inference_pool_endpoint_first_token_interval_seconds`
+  (the time between its first tokens while it had a backlog: the pace of a pod whose KV is full).
 """
 
 from __future__ import annotations
@@ -67,6 +71,13 @@ class LedgerCollector(Collector):
             "error": GaugeMetricFamily("inference_pool_endpoint_ttft_prediction_error",
                                        "Recent mean relative error of the endpoint's predicted time to first "
                                        "token.", labels=_LABELS),
+            "calibration": GaugeMetricFamily("inference_pool_endpoint_ttft_calibration",
+                                             "Factor the endpoint's predicted time to first token is multiplied "
+                                             "by: its learned median of observed over predicted (1: none).",
+                                             labels=_LABELS),
+            "interval": GaugeMetricFamily("inference_pool_endpoint_first_token_interval_seconds",
+                                          "Mean time between the endpoint's first tokens while it had a backlog "
+                                          "(0: not measured).", labels=_LABELS),
         }
         for ep in self.datastore.endpoints():
             load, service, m = ep.load, ep.service, ep.metrics
@@ -78,6 +89,8 @@ class LedgerCollector(Collector):
             families["rate"].add_metric(key, service.prefill_rate(load.decoding, load.context_tokens))
             families["step"].add_metric(key, service.step_seconds(load.decoding, load.context_tokens))
             families["error"].add_metric(key, service.ttft_error)
+            families["calibration"].add_metric(key, service.ttft_factor)
+            families["interval"].add_metric(key, load.busy_interval)
         yield from families.values()
 
 

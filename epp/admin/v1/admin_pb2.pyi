@@ -39,7 +39,7 @@ class Status(_message.Message):
     def __init__(self, pool_name: _Optional[str] = ..., pool_namespace: _Optional[str] = ..., version: _Optional[str] = ..., uptime_seconds: _Optional[float] = ..., ready: _Optional[bool] = ..., pool_saturation: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[QueueStatus, _Mapping]]] = ..., decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., flow_control_enabled: _Optional[bool] = ..., requests_total: _Optional[int] = ...) -> None: ...
 
 class EndpointStatus(_message.Message):
-    __slots__ = ("address", "name", "engine", "waiting_queue_size", "running_requests", "kv_cache_usage", "inflight_requests", "inflight_tokens", "metrics_age_seconds", "scrape_error", "active_adapters", "inter_token_latency_seconds", "queued_prefill_tokens", "decoding_requests", "prefill_tokens_per_second", "step_seconds", "step_scale", "prefill_scale", "ttft_prediction_error", "service_observations", "batch_limit")
+    __slots__ = ("address", "name", "engine", "waiting_queue_size", "running_requests", "kv_cache_usage", "inflight_requests", "inflight_tokens", "metrics_age_seconds", "scrape_error", "active_adapters", "inter_token_latency_seconds", "queued_prefill_tokens", "decoding_requests", "prefill_tokens_per_second", "step_seconds", "step_scale", "prefill_scale", "ttft_prediction_error", "service_observations", "batch_limit", "ttft_calibration", "first_token_interval_seconds")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,8 @@ class EndpointStatus(_message.Message):
     TTFT_PREDICTION_ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVICE_OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     BATCH_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TTFT_CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     address: str
     name: str
     engine: str
@@ -82,7 +84,9 @@ class EndpointStatus(_message.Message):
     ttft_prediction_error: float
     service_observations: int
     batch_limit: int
-    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., engine: _Optional[str] = ..., waiting_queue_size: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., inflight_requests: _Optional[int] = ..., inflight_tokens: _Optional[int] = ..., metrics_age_seconds: _Optional[float] = ..., scrape_error: _Optional[str] = ..., active_adapters: _Optional[_Iterable[str]] = ..., inter_token_latency_seconds: _Optional[float] = ..., queued_prefill_tokens: _Optional[float] = ..., decoding_requests: _Optional[int] = ..., prefill_tokens_per_second: _Optional[float] = ..., step_seconds: _Optional[float] = ..., step_scale: _Optional[float] = ..., prefill_scale: _Optional[float] = ..., ttft_prediction_error: _Optional[float] = ..., service_observations: _Optional[int] = ..., batch_limit: _Optional[int] = ...) -> None: ...
+    ttft_calibration: float
+    first_token_interval_seconds: float
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., engine: _Optional[str] = ..., waiting_queue_size: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., inflight_requests: _Optional[int] = ..., inflight_tokens: _Optional[int] = ..., metrics_age_seconds: _Optional[float] = ..., scrape_error: _Optional[str] = ..., active_adapters: _Optional[_Iterable[str]] = ..., inter_token_latency_seconds: _Optional[float] = ..., queued_prefill_tokens: _Optional[float] = ..., decoding_requests: _Optional[int] = ..., prefill_tokens_per_second: _Optional[float] = ..., step_seconds: _Optional[float] = ..., step_scale: _Optional[float] = ..., prefill_scale: _Optional[float] = ..., ttft_prediction_error: _Optional[float] = ..., service_observations: _Optional[int] = ..., batch_limit: _Optional[int] = ..., ttft_calibration: _Optional[float] = ..., first_token_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class QueueStatus(_message.Message):
     __slots__ = ("priority", "fairness_id", "requests", "bytes", "oldest_seconds")
