@@ -78,6 +78,8 @@ class DecisionRecord:
                          "queued_prefill": round(p.queued_prefill), "own_prefill": p.own_prefill,
                          "cache_credit": p.cached_tokens, "recompute": p.recompute_tokens,
                          "credited_ttft_ms": round((p.credited_ttft or p.ttft) * 1e3, 2),
+                         "uncalibrated_ttft_ms": round((p.raw_ttft or p.ttft) * 1e3, 2),
+                         "drain_ms": round(p.drain_seconds * 1e3, 2),
                          "prefill_ms": round(p.prefill_seconds * 1e3, 2),
                          "wait_ms": round(p.wait_seconds * 1e3, 2),
                          "paced_wait_ms": round(p.paced_wait_seconds * 1e3, 2), "itl_ms": round(p.itl * 1e3, 2),

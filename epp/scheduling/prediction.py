@@ -46,6 +46,9 @@ class Prediction:
     # `ttft` before the pod's calibration factor (`ServiceModel.ttft_bias`): what the factor
     # learns from, against the observed time to first token (0: the same as `ttft`).
     raw_ttft: float = 0.0
+    # The pod's queue at its measured first-token pace when that set `ttft` (a full KV cache with
+    # a queue: the prediction is at least this; 0: it did not).
+    drain_seconds: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
@@ -55,4 +58,6 @@ class Prediction:
                 + (f",paced_wait={self.paced_wait_seconds * 1e3:.1f}ms"
                    if self.paced_wait_seconds != self.wait_seconds else "")
                 + f",itl={self.itl * 1e3:.1f}ms"
+                + (f",drain={self.drain_seconds * 1e3:.1f}ms" if self.drain_seconds else "")
+                + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

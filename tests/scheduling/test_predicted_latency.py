@@ -612,8 +612,9 @@ def test_a_full_pod_with_a_queue_is_predicted_at_its_measured_pace_and_ranked_as
         got = producer.predict(ep, None, 500, 100, 100.0, stats)
         if paced:
             assert got.ttft == pytest.approx(6 * 0.4) and got.raw_ttft == got.ttft  # five ahead, then this one
+            assert got.drain_seconds == got.ttft and "drain=2400.0ms" in got.compact()
         else:
-            assert got.ttft < 1.0
+            assert got.ttft < 1.0 and got.drain_seconds == 0.0
         assert got.cost == producer.predict(ep, None, 500, 100, 100.0, stats).cost
 
 
@@ -656,3 +657,4 @@ def test_request_control_calibrates_the_reported_prediction_per_pod() -> None:
     p = cycle.predictions[slow.address]
     assert p.ttft == pytest.approx(p.raw_ttft * slow.service.ttft_factor)
     assert p.credited_ttft < p.ttft  # the ranking's prediction is not calibrated
+    assert f"uncalibrated={p.raw_ttft * 1e3:.1f}ms" in p.compact()

@@ -414,16 +414,19 @@ class PredictedLatencyProducer(DataProducer):
                 waits_x = max(1, math.ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
                 ttft = (step_scale * (waits_x * (overhead + per_seq * decoding + per_context * context))
                         + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + reported_wait
+            drain = 0.0
             if waiting_queue > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
                 drain = load.drain_seconds()
                 if drain > ttft:
                     ttft = drain
+                else:
+                    drain = 0.0
             raw_ttft = ttft
             ttft = raw_ttft * service.ttft_factor
             append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
                               own_seconds, recompute_tokens=recompute, credited_ttft=credited,
-                              paced_wait_seconds=reported_wait, raw_ttft=raw_ttft))
+                              paced_wait_seconds=reported_wait, raw_ttft=raw_ttft, drain_seconds=drain))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -526,8 +529,13 @@ class PredictedLatencyProducer(DataProducer):
         # long this request's turn is (`EndpointLoad.drain_seconds`). The prediction takes the
         # later of the two. Not the ranking: on the pods it affects every candidate is full, and
         # ranked on it a prefix's requests spread over pods that each compute it again.
+        drain = 0.0
         if metrics.waiting_queue_size > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
-            ttft = max(ttft, load.drain_seconds())
+            drain = load.drain_seconds()
+            if drain > ttft:
+                ttft = drain
+            else:
+                drain = 0.0
         # What is left the pod's calibration corrects: its own median ratio of observed to
         # predicted (`ServiceModel.calibrate`).
         raw_ttft = ttft
@@ -552,6 +560,7 @@ class PredictedLatencyProducer(DataProducer):
             credited_ttft=credited,
             paced_wait_seconds=reported_wait,
             raw_ttft=raw_ttft,
+            drain_seconds=drain,
         )
 
     @staticmethod
