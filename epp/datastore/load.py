@@ -340,15 +340,26 @@ class EndpointLoad:
             return 0.0
         return self.prefill_rate * self._read_factor(now)
 
-    def drain_seconds(self) -> float:
+    def drain_seconds(self, waiting: int) -> float:
         """Seconds until a request sent now gets its first token if the pod keeps the pace it has
-        measured while backlogged (`busy_interval`): one interval for each of this writer's
-        requests still waiting, and its own (0: no pace measured). Counting only this writer's
-        queue keeps it right with several writers: each sees its share of the first bytes, so
-        its intervals are as much longer as its queue is shorter."""
+        measured while backlogged (`busy_interval`): one interval for each request still waiting
+        to be admitted ahead of it, and one for its own (0: no pace measured).
+
+        Of the requests without a first token, those the pod has admitted are prefilling and
+        need no admission of their own: still waiting are the `waiting` its last scrape showed
+        plus the ones sent since (taking the prefilling ones for waiting over-predicted a pod
+        with a short queue by a third). Counted in this writer's requests, a share of the pod's,
+        so it holds with several writers: each sees that share of the first bytes, and its
+        intervals are as much longer."""
         if self.busy_interval <= 0.0:
             return 0.0
-        return (len(self.pending) + 1) * self.busy_interval
+        mine = len(self.pending)
+        everyone = mine + self.peer_pending
+        ahead = 0.0
+        if everyone:
+            still_waiting = waiting + max(0, everyone - self.pending_at_scrape)
+            ahead = mine * min(1.0, still_waiting / everyone)
+        return (ahead + 1.0) * self.busy_interval
 
     def late_prefill(self, now: float) -> int:
         """Prefill tokens of requests well past their expected first token and still without it

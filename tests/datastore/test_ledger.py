@@ -219,12 +219,22 @@ def test_the_pace_of_first_tokens_counts_only_intervals_the_pod_was_backlogged()
     load.add(late, 5.0)
     load.first_byte(late, 5.2)
     assert load.busy_interval == paced and load.last_first_byte == 5.2
-    # The drain: one interval per request of this writer's still waiting, and one for a new one.
+    # The drain: one interval per request still waiting to be admitted, and one for a new one.
     queued = [item(at=6.0) for _ in range(3)]
     for it in queued:
         load.add(it, 6.0)
-    assert load.drain_seconds() == pytest.approx(4 * paced)
-    for it in [first, second, third, late] + queued:
+    assert load.drain_seconds(0) == pytest.approx(4 * paced)  # sent since the last scrape: all waiting
+    load.mark_scrape()
+    assert load.drain_seconds(1) == pytest.approx(2 * paced)  # the scrape saw 1 of the 3 waiting
+    load.add(extra := item(at=6.5), 6.5)
+    assert load.drain_seconds(1) == pytest.approx((4 * 2 / 4 + 1) * paced)  # and 1 sent since
+    # Another writer has 4 queued there too, all sent before the scrape (the shared table adds
+    # them to the snapshot): the pod's 2 waiting are shared by 8, a quarter of mine are ahead.
+    load.peer_pending = 4
+    load.pending_at_scrape += 4
+    assert load.drain_seconds(1) == pytest.approx((4 * 2 / 8 + 1) * paced)
+    load.peer_pending = load.pending_at_scrape = 0
+    for it in [first, second, third, late, extra] + queued:
         load.release(it, 7.0)
     assert_empty(load)
-    assert EndpointLoad().drain_seconds() == 0.0  # no pace measured: no drain
+    assert EndpointLoad().drain_seconds(5) == 0.0  # no pace measured: no drain

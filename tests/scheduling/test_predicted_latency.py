@@ -611,8 +611,9 @@ def test_a_full_pod_with_a_queue_is_predicted_at_its_measured_pace_and_ranked_as
         ep.load.mark_scrape()
         got = producer.predict(ep, None, 500, 100, 100.0, stats)
         if paced:
-            assert got.ttft == pytest.approx(6 * 0.4) and got.raw_ttft == got.ttft  # five ahead, then this one
-            assert got.drain_seconds == got.ttft and "drain=2400.0ms" in got.compact()
+            # of the five sent, the scrape saw three waiting (two admitted): three ahead, then this one
+            assert got.ttft == pytest.approx(4 * 0.4) and got.raw_ttft == got.ttft
+            assert got.drain_seconds == got.ttft and "drain=1600.0ms" in got.compact()
         else:
             assert got.ttft < 1.0 and got.drain_seconds == 0.0
         assert got.cost == producer.predict(ep, None, 500, 100, 100.0, stats).cost

@@ -416,7 +416,7 @@ class PredictedLatencyProducer(DataProducer):
                         + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + reported_wait
             drain = 0.0
             if waiting_queue > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
-                drain = load.drain_seconds()
+                drain = load.drain_seconds(waiting_queue)
                 if drain > ttft:
                     ttft = drain
                 else:
@@ -531,7 +531,7 @@ class PredictedLatencyProducer(DataProducer):
         # ranked on it a prefix's requests spread over pods that each compute it again.
         drain = 0.0
         if metrics.waiting_queue_size > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
-            drain = load.drain_seconds()
+            drain = load.drain_seconds(metrics.waiting_queue_size)
             if drain > ttft:
                 ttft = drain
             else:
