@@ -70,7 +70,7 @@ import math
 from typing import TYPE_CHECKING
 
 from epp.api.request import InferenceRequest
-from epp.datastore import Datastore, Endpoint, ModelStats, StepCosts
+from epp.datastore import Datastore, Endpoint, EndpointMetrics, ModelStats, StepCosts
 from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
 from epp.datastore.load import ENDING_UNIT, EndpointLoad, coverage
 from epp.params import Params
@@ -414,13 +414,9 @@ class PredictedLatencyProducer(DataProducer):
                 waits_x = max(1, math.ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
                 ttft = (step_scale * (waits_x * (overhead + per_seq * decoding + per_context * context))
                         + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + reported_wait
-            drain = 0.0
-            if waiting_queue > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
-                drain = load.drain_seconds(waiting_queue)
-                if drain > ttft:
-                    ttft = drain
-                else:
-                    drain = 0.0
+            drain = self._drain(load, metrics, ttft) if waiting_queue > 0 and load.busy_interval > 0.0 else 0.0
+            if drain:
+                ttft = drain
             raw_ttft = ttft
             ttft = raw_ttft * service.ttft_factor
             append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
@@ -523,19 +519,9 @@ class PredictedLatencyProducer(DataProducer):
         ttft = estimate.seconds + reported_wait
         if extra > 0:
             ttft = service.ttft(queued + own + extra, pairs, decoding, context).seconds + reported_wait
-        # A pod whose KV is full admits its queue as its running requests end, at a pace the step
-        # model does not know (it depends on how long they run, and how much of the cache a
-        # prompt takes); while it is so, the pace measured between its first tokens says how
-        # long this request's turn is (`EndpointLoad.drain_seconds`). The prediction takes the
-        # later of the two. Not the ranking: on the pods it affects every candidate is full, and
-        # ranked on it a prefix's requests spread over pods that each compute it again.
-        drain = 0.0
-        if metrics.waiting_queue_size > 0 and load.busy_interval > 0.0 and metrics.kv_cache_usage >= _KV_FULL:
-            drain = load.drain_seconds(metrics.waiting_queue_size)
-            if drain > ttft:
-                ttft = drain
-            else:
-                drain = 0.0
+        drain = self._drain(load, metrics, ttft)
+        if drain:
+            ttft = drain
         # What is left the pod's calibration corrects: its own median ratio of observed to
         # predicted (`ServiceModel.calibrate`).
         raw_ttft = ttft
@@ -562,6 +548,23 @@ class PredictedLatencyProducer(DataProducer):
             raw_ttft=raw_ttft,
             drain_seconds=drain,
         )
+
+    @staticmethod
+    def _drain(load: EndpointLoad, metrics: EndpointMetrics, ttft: float) -> float:
+        """The prediction of a pod whose KV cache is full and whose queue is not empty, when it
+        is later than `ttft` (0 otherwise).
+
+        Such a pod admits its queue as its running requests end, at a pace the step model does
+        not know (it depends on how long they run, and how much of the cache a prompt takes);
+        while it is so, the pace measured between its first tokens says how long this request's
+        turn is (`EndpointLoad.drain_seconds`). The prediction takes the later of the two. Not
+        the ranking: on the pods it affects every candidate is full, and ranked on it a prefix's
+        requests spread over pods that each compute it again."""
+        waiting = metrics.waiting_queue_size
+        if waiting <= 0 or load.busy_interval <= 0.0 or metrics.kv_cache_usage < _KV_FULL:
+            return 0.0
+        drain = load.drain_seconds(waiting)
+        return drain if drain > ttft else 0.0
 
     @staticmethod
     def _expected_extra(load: EndpointLoad, now: float, recompute: int, ledger_queued: float) -> float:
