@@ -14,6 +14,9 @@ ledger hold?
   were given. `reason="busy"`: a hot prefix spreading to more pods (steadily rising, the pool is
   short of copies); `reason="faster"`: a reused prefix moving from slower pods to a faster one (a
   pool mixing GPU types; steadily rising, prefixes keep landing on the slow pods first).
+- `inference_extension_saturated_pool_picks_total`: picks made while every candidate's last scrape
+  showed a full KV cache and a queue — the pool past its capacity — where copies of the prompt's
+  prefix were charged as work the pool cannot absorb (rising: add pods, or shed load).
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
@@ -114,6 +117,10 @@ class LatencyMetrics:
         self.copy_credit = Counter("inference_extension_prefix_copy_credit_seconds",
                                    "Seconds of copy credit given to the picks that copied a reused prefix.",
                                    registry=registry)
+        self.saturated = Counter("inference_extension_saturated_pool_picks",
+                                 "Picks ranked on a saturated pool (every candidate's KV cache full with a "
+                                 "queue), where a copy of the prompt's prefix to an endpoint without it was "
+                                 "charged as work the pool cannot absorb.", registry=registry)
         registry.register(LedgerCollector(datastore))
 
     def ttft_predicted(self, predicted: float, observed: float) -> None:
@@ -128,3 +135,6 @@ class LatencyMetrics:
     def prefix_copied(self, credit_seconds: float, reason: str) -> None:
         self.copies.labels(reason).inc()
         self.copy_credit.inc(credit_seconds)
+
+    def saturated_pick(self) -> None:
+        self.saturated.inc()

@@ -362,6 +362,9 @@ class EppMetrics:
     def prefix_copied(self, request: InferenceRequest, credit_seconds: float, reason: str) -> None:
         self.latency.prefix_copied(credit_seconds, reason)
 
+    def saturated_pick(self, request: InferenceRequest) -> None:
+        self.latency.saturated_pick()
+
     def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         self._children["plugin_duration"]((extension_point, plugin.type, plugin.name)).observe(seconds)
 

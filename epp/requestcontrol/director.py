@@ -264,8 +264,11 @@ class Director:
             item.predicted_ttft = estimate.seconds
         if prediction is not None:
             load.add(item, now, prediction.work_seconds, prediction.prefill_work_seconds)
-            if prediction.copy_credit > 0.0 and self.metrics:
-                self.metrics.prefix_copied(request, prediction.copy_credit, prediction.copy_reason)
+            if self.metrics:
+                if prediction.copy_credit > 0.0:
+                    self.metrics.prefix_copied(request, prediction.copy_credit, prediction.copy_reason)
+                if any(p.saturation_charge for p in result.cycle.predictions.values()):  # type: ignore[union-attr]
+                    self.metrics.saturated_pick(request)
         else:
             load.add(item, now)
         return item

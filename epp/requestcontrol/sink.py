@@ -42,3 +42,7 @@ class RequestMetricsSink(Protocol):
         """The pick copies a reused prefix to a pod without it, credited `credit_seconds` for
         what the copy saves the prefix's next requests; `reason` is `busy` (its holders' queue) or
         `faster` (a pod faster than every holder)."""
+
+    def saturated_pick(self, request: InferenceRequest) -> None:
+        """The pick was ranked on a saturated pool (every candidate's KV cache full with a queue):
+        copies of the prompt's prefix to pods without it were charged as work the pool cannot absorb."""

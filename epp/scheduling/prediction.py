@@ -33,6 +33,9 @@ class Prediction:
     prefill_work_seconds: float = 0.0  # of `work_seconds`, its own prefill
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
     copy_reason: str = ""  # why: "busy" (its holders' queue) or "faster" (a faster pod than every holder)
+    # seconds added to `cost`: a copy of a prefix its holders have, on a saturated pool (every
+    # candidate's KV cache full with a queue), where it is work the pool cannot absorb
+    saturation_charge: float = 0.0
     # Of `cached_tokens`, those the pod is expected to compute again first (its requests in
     # flight pin more prefixes than its cache holds), and the queued ones' likewise: `ttft`
     # counts them; `credited_ttft` is the prediction with the whole credit, which `cost` and the
@@ -60,4 +63,5 @@ class Prediction:
                 + f",itl={self.itl * 1e3:.1f}ms"
                 + (f",drain={self.drain_seconds * 1e3:.1f}ms" if self.drain_seconds else "")
                 + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
+                + (f",saturated={self.saturation_charge * 1e3:.1f}ms" if self.saturation_charge else "")
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

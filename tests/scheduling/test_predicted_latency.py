@@ -239,16 +239,18 @@ DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the app
 
 def route_document_requests(copy_credit: bool, documents: int = 1, count: int = 60,
                             gap: float = 0.02, metrics: object = None, results: list[object] | None = None,
-                            first_gap: float | None = None, kv_usage: float = 0.0) -> list[tuple[str, Prediction]]:
+                            first_gap: float | None = None, kv_usage: float = 0.0,
+                            waiting: int = 0) -> list[tuple[str, Prediction]]:
     """Route `count` questions over `documents` shared documents, `gap` seconds apart, none
     ending (each first byte comes when predicted): the chosen pod and its prediction, per request.
-    `kv_usage`: the share of every pod's KV cache its last scrape showed in use."""
+    `kv_usage`, `waiting`: the share of every pod's KV cache its last scrape showed in use, and
+    the requests it showed waiting."""
     now = [100.0]
     store = Datastore(clock=lambda: now[0])
     for i in range(PODS):
         ep = store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000))
         ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=kv_usage,
-                                          update_time=now[0]))
+                                          waiting_queue_size=waiting, update_time=now[0]))
     config = f"""
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
@@ -362,6 +364,79 @@ def test_no_copy_goes_where_the_kv_has_no_room_for_it() -> None:
     full = route_document_requests(True, gap=0.025, first_gap=0.1, kv_usage=0.999)
     assert any(p.copy_credit > 0.0 for _, p in roomy)
     assert all(p.copy_credit == 0.0 for _, p in full)
+
+
+def test_a_saturated_pool_keeps_a_prefix_on_its_holder() -> None:
+    """Every pod's KV cache full with a queue: the pool is past its capacity, and a copy of the
+    document is the same prefill done again, work the pool cannot absorb. Charged at the
+    utilisation cap, the document's requests stay on its holder far longer as its queue grows
+    (none of them ends here); with the same full caches and no queue anywhere, the second
+    request already goes elsewhere."""
+    made: list[EppMetrics] = []
+
+    def metrics(store: Datastore) -> EppMetrics:
+        made.append(EppMetrics(store))
+        return made[-1]
+
+    def first_copy(picks: list[tuple[str, Prediction]]) -> int:
+        return next((i for i, (address, _) in enumerate(picks) if address != picks[0][0]), len(picks))
+
+    results: list[object] = []
+    kept = route_document_requests(True, gap=0.01, kv_usage=0.999, waiting=3, metrics=metrics, results=results)
+    spread = route_document_requests(True, gap=0.01, kv_usage=0.999)
+    assert first_copy(kept) > first_copy(spread) + 5
+    assert all(p.saturation_charge == 0.0 for _, p in spread)
+    # The charge is the premium (the document's prefill the holder does not do) at the cap,
+    # u / (1 - u) with u = 0.95, on each pod without the document; never on the holder.
+    holder, at = kept[0][0], first_copy(kept) - 1  # the last pick the holder kept
+    last = results[at].cycle.predictions  # type: ignore[attr-defined]
+    hit = last[holder]
+    assert hit.saturation_charge == 0.0 and hit.cached_tokens > 0
+    for address, p in last.items():
+        if address != holder:
+            assert p.cached_tokens == 0
+            assert p.saturation_charge == pytest.approx(19.0 * (p.prefill_work_seconds - hit.prefill_work_seconds),
+                                                        rel=0.01)
+            assert p.cost - p.saturation_charge < hit.cost  # copied, but for the charge
+    # SREs see it: per candidate in the decision trace and x-epp-decision, and counted.
+    record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=results[at])  # type: ignore[arg-type]
+    rows = {row["address"]: row for row in record.predictions()}
+    other = next(a for a in last if a != holder)
+    assert rows[other]["saturation_charge_ms"] == round(last[other].saturation_charge * 1e3, 2) > 0
+    assert f"saturated={last[other].saturation_charge * 1e3:.1f}ms" in last[other].compact()
+    assert "saturated=" not in hit.compact()
+    registry = made[0].registry
+    charged = sum(1 for r in results if any(p.saturation_charge for p in r.cycle.predictions.values()))  # type: ignore[attr-defined]
+    assert registry.get_sample_value("inference_extension_saturated_pool_picks_total") == charged >= first_copy(kept)
+
+
+def test_the_saturation_charge_needs_every_pod_full_with_a_queue_and_can_be_turned_off() -> None:
+    def charged(config: str | None = None, **metrics: object) -> bool:
+        store = pool(**metrics)
+        producer = PredictedLatencyProducer(datastore=store, saturation_charge=config != "off")
+        producer.prefix_producer = LatencyScorer("match")  # only its name: where the match is found
+        holder = store.endpoints()[0].address
+        cycle = CycleState()
+        cycle.data["match"] = PrefixMatch(total=8, block_size_tokens=16, matched={holder: 8}, hashes=list(range(8)))
+        producer.prepare(cycle, request("x" * 4000), list(store.endpoints()))
+        assert cycle.predictions[holder].saturation_charge == 0.0
+        return any(p.saturation_charge > 0.0 for p in cycle.predictions.values())
+
+    assert charged(kv_cache_usage=0.95, waiting_queue_size=2)
+    assert not charged("off", kv_cache_usage=0.95, waiting_queue_size=2)
+    assert not charged(kv_cache_usage=0.95, waiting_queue_size=0)
+    assert not charged(kv_cache_usage=0.5, waiting_queue_size=2)
+    store = pool(kv_cache_usage=0.95, waiting_queue_size=2)  # one pod with room: no charge
+    ep = store.endpoints()[3]
+    ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=0.4,
+                                      waiting_queue_size=0, update_time=99.99))
+    producer = PredictedLatencyProducer(datastore=store)
+    producer.prefix_producer = LatencyScorer("match")
+    cycle = CycleState()
+    cycle.data["match"] = PrefixMatch(total=8, block_size_tokens=16, matched={store.endpoints()[0].address: 8},
+                                      hashes=list(range(8)))
+    producer.prepare(cycle, request("x" * 4000), list(store.endpoints()))
+    assert all(p.saturation_charge == 0.0 for p in cycle.predictions.values())
 
 
 def test_a_prefix_seen_once_is_no_reason_to_copy_it() -> None:

@@ -33,7 +33,9 @@ requests after it (its decode's share of their steps, its prefill ahead of their
 the step of the prefills still waiting there for a first token, the steps a prompt beyond the step
 budget fills alone while the pod's next requests wait them out, the prefix it evicts), less the
 copy credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests
-(all of them, on a pod clearly faster than its holders).
+(all of them, on a pod clearly faster than its holders). On a saturated pool (every candidate's
+KV cache full with a queue) a copy is charged instead: its prefill is work the pool cannot absorb
+(`_charge_copies`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -52,6 +54,8 @@ Parameters (all optional):
 - `copyCredit` (true): value a new copy of a reused prefix on a pod without it (`_credit_copies`),
   so a hot document or system prompt spreads to more pods once its holders are overloaded, and a
   reused one placed on a slower GPU moves to a faster one — onto pods whose KV has room for it.
+- `saturationCharge` (true): on a saturated pool, charge a copy of a prefix its holders have
+  (`_charge_copies`), so a document stays where it is computed while the pool is past its capacity.
 
 ```yaml
 plugins:
@@ -90,13 +94,16 @@ _MAX_UTILIZATION = 0.95
 _SPEED_MARGIN = 0.25  # pods learned within this of each other are not told apart by speed
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 _KV_FULL = 0.9  # scraped KV use from which a pod with a queue admits at the pace requests end
+# What a second of avoidable prefill costs a saturated pool: the externality's u / (1 - u) at its cap.
+_SATURATED = _MAX_UTILIZATION / (1.0 - _MAX_UTILIZATION)
 
 
 class PredictedLatencyProducer(DataProducer):
     type = "predicted-latency-producer"
 
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
-                 prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True) -> None:
+                 prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
+                 saturation_charge: bool = True) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -109,6 +116,7 @@ class PredictedLatencyProducer(DataProducer):
         self._rate_at = 0.0
         self._rate_since = -1.0  # the first request
         self.copy_credit = copy_credit
+        self.saturation_charge = saturation_charge
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         datastore.subscribe(on_add=self._endpoint_added)
 
@@ -130,9 +138,10 @@ class PredictedLatencyProducer(DataProducer):
         producer = params.str("prefixMatchInfoProducerName", "")
         learn = params.bool("learn", True)
         copy_credit = params.bool("copyCredit", True)
+        saturation_charge = params.bool("saturationCharge", True)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
-                   copy_credit=copy_credit)
+                   copy_credit=copy_credit, saturation_charge=saturation_charge)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -181,6 +190,8 @@ class PredictedLatencyProducer(DataProducer):
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model)
         if match is not None and self.copy_credit:
             self._credit_copies(endpoints, found, match, now)
+        if match is not None and self.saturation_charge:
+            self._charge_copies(endpoints, found, match)
         predictions = cycle.predictions
         for ep, prediction in zip(endpoints, found):
             predictions[ep.address] = prediction
@@ -280,6 +291,47 @@ class PredictedLatencyProducer(DataProducer):
                 credit, reason = min(premium, gain * per_copy * premium), "busy"
             p.cost -= credit
             p.copy_credit, p.copy_reason = credit, reason
+
+    def _charge_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch) -> None:
+        """On a saturated pool, charge a copy of the prompt's prefix its prefill at the utilisation cap.
+
+        When every candidate's last scrape shows a full KV cache and a queue, the pool is past what
+        it can serve: its backlog grows by every second of work it is given, and requests queued on
+        every pod wait it out. A prefix its holders have computed is then work done once; a copy
+        elsewhere is the same work done again, and one more prefix in a full cache to push another
+        out. The cost's externality charges a prompt's prefill at the pod's own prefill
+        utilisation, which reads low on a KV-bound pod (it admits as requests end, not as fast as
+        it prefills), so a copy onto a pod whose queue was a little shorter looked cheap: on the
+        mixed pool's B2B overload 2% of the picks were such copies, the hit rate fell 4 points
+        short of the weighted sum's, and the backlog grew with it (BENCHMARKS.md). Here the
+        premium (the prefill the best holder would not do, at this candidate's speed) is charged
+        at the cap, u / (1 − u) with u = 0.95. Only the copy's premium: charging every candidate's
+        own prefill so put more load on the faster pods (their prefill is cheaper), whose queues
+        then grew longest. Pods that do not hold the prefix at its deepest match are the
+        candidates for a copy, as for the copy credit.
+        """
+        matched = match.matched
+        if not matched:
+            return
+        for ep in endpoints:
+            m = ep.metrics
+            if m.waiting_queue_size <= 0 or m.kv_cache_usage < _KV_FULL:
+                return
+        depth = max(matched.values())
+        if depth <= 0:
+            return
+        held = [matched.get(ep.address, 0) >= depth for ep in endpoints]
+        holders = [p for p, has in zip(found, held) if has]
+        if not holders or len(holders) == len(found):
+            return
+        best = min(holders, key=lambda p: p.cost)
+        for ep, p, has in zip(endpoints, found, held):
+            if has:
+                continue
+            premium = p.prefill_work_seconds - self._own_prefill_seconds(ep, best.own_prefill, best.cached_tokens)
+            if premium > 0.0:
+                p.saturation_charge = premium * _SATURATED
+                p.cost += p.saturation_charge
 
     @staticmethod
     def _idle_steps_seconds(ep: Endpoint, own: int) -> float:
