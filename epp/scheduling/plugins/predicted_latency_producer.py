@@ -241,9 +241,8 @@ class PredictedLatencyProducer(DataProducer):
         rate = self._prefix_rates.hit(hashes[depth - 1], now)
         if rate <= 0.0:
             return
-        held = [matched.get(ep.address, 0) >= depth for ep in endpoints]
-        holders = [p for p, has in zip(found, held) if has]
-        if not holders or len(holders) == len(found):
+        held, best = _holders(endpoints, found, matched, depth)
+        if best is None:
             return
         # The rates are this process's; other workers and replicas route the same prefix (their
         # picks reach the shared ledger, so the pool's pick rate over this process's tells how much).
@@ -251,8 +250,7 @@ class PredictedLatencyProducer(DataProducer):
         pool_rate = sum(ep.load.rate_at(now) for ep in endpoints)
         if own_rate > 0.0 and pool_rate > own_rate:
             rate *= pool_rate / own_rate
-        best = min(holders, key=lambda p: p.cost)
-        per_copy = rate / (len(holders) + 1)
+        per_copy = rate / (sum(held) + 1)
         suffix, cached = best.own_prefill, best.cached_tokens
         fastest = min(self._idle_steps_seconds(ep, suffix) + self._own_prefill_seconds(ep, suffix, cached)
                       for ep, has in zip(endpoints, held) if has)
@@ -317,14 +315,9 @@ class PredictedLatencyProducer(DataProducer):
             m = ep.metrics
             if m.waiting_queue_size <= 0 or m.kv_cache_usage < _KV_FULL:
                 return
-        depth = max(matched.values())
-        if depth <= 0:
+        held, best = _holders(endpoints, found, matched, max(matched.values()))
+        if best is None:
             return
-        held = [matched.get(ep.address, 0) >= depth for ep in endpoints]
-        holders = [p for p, has in zip(found, held) if has]
-        if not holders or len(holders) == len(found):
-            return
-        best = min(holders, key=lambda p: p.cost)
         for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
@@ -709,3 +702,14 @@ class PredictedLatencyProducer(DataProducer):
         step = ep.service.step_seconds(decoding, context)
         freed_per_second = self._completions_per_second(step, decoding, mean_output) * freed_per_request
         return max(0.0, short / max(freed_per_second, 1.0) - prefill_seconds)
+
+
+def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[str, int],
+             depth: int) -> tuple[list[bool], Prediction | None]:
+    """Which candidates hold the prompt's prefix to its deepest match (`depth` blocks), and the
+    cheapest of them; None for it when none or every candidate does (there is no copy to make)."""
+    held = [depth > 0 and matched.get(ep.address, 0) >= depth for ep in endpoints]
+    holders = [p for p, has in zip(found, held) if has]
+    if not holders or len(holders) == len(found):
+        return held, None
+    return held, min(holders, key=lambda p: p.cost)
