@@ -15,8 +15,8 @@ ledger hold?
   short of copies); `reason="faster"`: a reused prefix moving from slower pods to a faster one (a
   pool mixing GPU types; steadily rising, prefixes keep landing on the slow pods first).
 - `inference_extension_saturated_pool_picks_total`: picks made while every candidate's last scrape
-  showed a full KV cache and a queue — the pool past its capacity — where copies of the prompt's
-  prefix were charged as work the pool cannot absorb (rising: add pods, or shed load).
+  showed a full KV cache and a queue — the pool past its capacity — ranked for its throughput
+  (prefixes kept on the pods that still hold them). Rising: add pods, or shed load.
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
@@ -119,8 +119,8 @@ class LatencyMetrics:
                                    registry=registry)
         self.saturated = Counter("inference_extension_saturated_pool_picks",
                                  "Picks ranked on a saturated pool (every candidate's KV cache full with a "
-                                 "queue), where a copy of the prompt's prefix to an endpoint without it was "
-                                 "charged as work the pool cannot absorb.", registry=registry)
+                                 "queue): for its throughput, keeping prefixes on the endpoints that hold "
+                                 "them.", registry=registry)
         registry.register(LedgerCollector(datastore))
 
     def ttft_predicted(self, predicted: float, observed: float) -> None:

@@ -267,7 +267,7 @@ class Director:
             if self.metrics:
                 if prediction.copy_credit > 0.0:
                     self.metrics.prefix_copied(request, prediction.copy_credit, prediction.copy_reason)
-                if any(p.saturation_charge for p in result.cycle.predictions.values()):  # type: ignore[union-attr]
+                if prediction.saturated:
                     self.metrics.saturated_pick(request)
         else:
             load.add(item, now)

@@ -45,4 +45,5 @@ class RequestMetricsSink(Protocol):
 
     def saturated_pick(self, request: InferenceRequest) -> None:
         """The pick was ranked on a saturated pool (every candidate's KV cache full with a queue):
-        copies of the prompt's prefix to pods without it were charged as work the pool cannot absorb."""
+        for the pool's throughput, on what each pod will compute again, copies of a held prefix
+        charged as work the pool cannot absorb."""

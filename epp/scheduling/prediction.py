@@ -33,8 +33,10 @@ class Prediction:
     prefill_work_seconds: float = 0.0  # of `work_seconds`, its own prefill
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
     copy_reason: str = ""  # why: "busy" (its holders' queue) or "faster" (a faster pod than every holder)
-    # seconds added to `cost`: a copy of a prefix its holders have, on a saturated pool (every
-    # candidate's KV cache full with a queue), where it is work the pool cannot absorb
+    # Ranked on a saturated pool (every candidate's KV cache full with a queue): `cost` counts
+    # `recompute_seconds`, and `saturation_charge`, seconds for a copy of a prefix its holders
+    # have (work the pool cannot absorb).
+    saturated: bool = False
     saturation_charge: float = 0.0
     # Of `cached_tokens`, those the pod is expected to compute again first (its requests in
     # flight pin more prefixes than its cache holds), and the queued ones' likewise: `ttft`
@@ -42,6 +44,10 @@ class Prediction:
     # ledger's timeline use (a prefix's requests kept together share its blocks once it is back).
     recompute_tokens: int = 0
     credited_ttft: float = 0.0  # (0: the same as `ttft`)
+    # Of `ttft` beyond `credited_ttft`'s prefill: the prefill the pod will do that the whole
+    # credit leaves out (`recompute_tokens`, the queued prompts' own, queued prefill well late).
+    # A saturated pool ranks on it too (`cost`).
+    recompute_seconds: float = 0.0
     # The wait `ttft` counts: `wait_seconds` with its slot and KV waits at the pace the running
     # requests really end (the short ones first), where `wait_seconds` (in `credited_ttft` and
     # `cost`) takes the pace of their mean output.

@@ -33,9 +33,10 @@ requests after it (its decode's share of their steps, its prefill ahead of their
 the step of the prefills still waiting there for a first token, the steps a prompt beyond the step
 budget fills alone while the pod's next requests wait them out, the prefix it evicts), less the
 copy credit — what a new copy of a hot prefix on a pod without it saves that prefix's next requests
-(all of them, on a pod clearly faster than its holders). On a saturated pool (every candidate's
-KV cache full with a queue) a copy is charged instead: its prefill is work the pool cannot absorb
-(`_charge_copies`).
+(all of them, on a pod clearly faster than its holders). A saturated pool (every candidate's KV
+cache full with a queue) is ranked for its throughput instead (`_rank_saturated`): on the
+prediction with the prefill each pod will compute again, and a copy of a prefix its holders have
+charged as work the pool cannot absorb.
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -54,8 +55,9 @@ Parameters (all optional):
 - `copyCredit` (true): value a new copy of a reused prefix on a pod without it (`_credit_copies`),
   so a hot document or system prompt spreads to more pods once its holders are overloaded, and a
   reused one placed on a slower GPU moves to a faster one — onto pods whose KV has room for it.
-- `saturationCharge` (true): on a saturated pool, charge a copy of a prefix its holders have
-  (`_charge_copies`), so a document stays where it is computed while the pool is past its capacity.
+- `saturatedPool` (true): rank a saturated pool for its throughput (`_rank_saturated`), so a
+  document stays where it is computed, on the holders that still have it, while the pool is past
+  its capacity.
 
 ```yaml
 plugins:
@@ -103,7 +105,7 @@ class PredictedLatencyProducer(DataProducer):
 
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
-                 saturation_charge: bool = True) -> None:
+                 saturated_pool: bool = True) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -116,7 +118,7 @@ class PredictedLatencyProducer(DataProducer):
         self._rate_at = 0.0
         self._rate_since = -1.0  # the first request
         self.copy_credit = copy_credit
-        self.saturation_charge = saturation_charge
+        self.saturated_pool = saturated_pool
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         datastore.subscribe(on_add=self._endpoint_added)
 
@@ -138,10 +140,10 @@ class PredictedLatencyProducer(DataProducer):
         producer = params.str("prefixMatchInfoProducerName", "")
         learn = params.bool("learn", True)
         copy_credit = params.bool("copyCredit", True)
-        saturation_charge = params.bool("saturationCharge", True)
+        saturated_pool = params.bool("saturatedPool", True)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
-                   copy_credit=copy_credit, saturation_charge=saturation_charge)
+                   copy_credit=copy_credit, saturated_pool=saturated_pool)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -188,9 +190,12 @@ class PredictedLatencyProducer(DataProducer):
         arrivals = self._arrival_rate(now) / max(1, len(endpoints))
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model)
+        saturated = self.saturated_pool and _saturated(endpoints)
+        if saturated:
+            self._rank_saturated(found)
         if match is not None and self.copy_credit:
             self._credit_copies(endpoints, found, match, now)
-        if match is not None and self.saturation_charge:
+        if match is not None and saturated:
             self._charge_copies(endpoints, found, match)
         predictions = cycle.predictions
         for ep, prediction in zip(endpoints, found):
@@ -290,31 +295,45 @@ class PredictedLatencyProducer(DataProducer):
             p.cost -= credit
             p.copy_credit, p.copy_reason = credit, reason
 
+    @staticmethod
+    def _rank_saturated(found: list[Prediction]) -> None:
+        """Rank a saturated pool on what each pod will compute again, and keep prefixes on their holders.
+
+        When every candidate's last scrape shows a full KV cache and a queue (`_saturated`), the
+        pool is past what it can serve: its backlog grows by every second of work it is given,
+        and the requests queued on every pod wait it out. What it serves is then set by how much
+        prefill it does again. Two corrections to the cost, for such a pool only:
+        - each candidate's cost counts the prefill the pod will compute again that the whole
+          cache credit leaves out (`Prediction.recompute_seconds`: its cache thrashing, the
+          queued requests' prefixes it lost): among a document's holders the one still holding
+          it wins. Ranked on it everywhere, a document's requests scatter over pods that each
+          compute it again (BENCHMARKS.md); here the charge below keeps them together;
+        - a copy of a prefix its holders have is charged (`_charge_copies`).
+        Diagnosed on the mixed pool's B2B overload: every pick was on a saturated pool, 2% went
+        away from the holders to a pod whose queue looked shorter, and the hit rate was 4 points
+        below the weighted sum's, its backlog 2-3 s longer (BENCHMARKS.md).
+        """
+        for p in found:
+            p.cost += p.recompute_seconds
+            p.saturated = True
+
     def _charge_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch) -> None:
         """On a saturated pool, charge a copy of the prompt's prefix its prefill at the utilisation cap.
 
-        When every candidate's last scrape shows a full KV cache and a queue, the pool is past what
-        it can serve: its backlog grows by every second of work it is given, and requests queued on
-        every pod wait it out. A prefix its holders have computed is then work done once; a copy
-        elsewhere is the same work done again, and one more prefix in a full cache to push another
-        out. The cost's externality charges a prompt's prefill at the pod's own prefill
-        utilisation, which reads low on a KV-bound pod (it admits as requests end, not as fast as
-        it prefills), so a copy onto a pod whose queue was a little shorter looked cheap: on the
-        mixed pool's B2B overload 2% of the picks were such copies, the hit rate fell 4 points
-        short of the weighted sum's, and the backlog grew with it (BENCHMARKS.md). Here the
-        premium (the prefill the best holder would not do, at this candidate's speed) is charged
-        at the cap, u / (1 − u) with u = 0.95. Only the copy's premium: charging every candidate's
-        own prefill so put more load on the faster pods (their prefill is cheaper), whose queues
-        then grew longest. Pods that do not hold the prefix at its deepest match are the
-        candidates for a copy, as for the copy credit.
+        A prefix its holders have computed is work done once; a copy elsewhere is the same work
+        done again, and one more prefix in a full cache to push another out. The cost's
+        externality charges a prompt's prefill at the pod's own prefill utilisation, which reads
+        low on a KV-bound pod (it admits as requests end, not as fast as it prefills), so a copy
+        onto a pod whose queue was a little shorter looked cheap. Here the premium (the prefill
+        the best holder would not do, at this candidate's speed) is charged at the cap,
+        u / (1 − u) with u = 0.95. Only the copy's premium: charging every candidate's own
+        prefill so put more load on the faster pods (their prefill is cheaper), whose queues then
+        grew longest. Pods that do not hold the prefix at its deepest match are the candidates
+        for a copy, as for the copy credit.
         """
         matched = match.matched
         if not matched:
             return
-        for ep in endpoints:
-            m = ep.metrics
-            if m.waiting_queue_size <= 0 or m.kv_cache_usage < _KV_FULL:
-                return
         held, best = _holders(endpoints, found, matched, max(matched.values()))
         if best is None:
             return
@@ -454,11 +473,13 @@ class PredictedLatencyProducer(DataProducer):
                                                                               unexplained, mean_output))
             ttft = prefill_seconds + reported_wait
             extra = self._expected_extra(load, now, recompute, ledger_queued) if recompute or load.pending else 0.0
+            recompute_seconds = 0.0
             if extra > 0:
                 tokens = prefill_tokens + extra
                 waits_x = max(1, math.ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
                 ttft = (step_scale * (waits_x * (overhead + per_seq * decoding + per_context * context))
                         + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + reported_wait
+                recompute_seconds = ttft - (prefill_seconds + reported_wait)
             drain = self._drain(load, metrics, ttft) if waiting_queue > 0 and load.busy_interval > 0.0 else 0.0
             if drain:
                 ttft = drain
@@ -467,7 +488,8 @@ class PredictedLatencyProducer(DataProducer):
             append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
                               own_seconds, recompute_tokens=recompute, credited_ttft=credited,
-                              paced_wait_seconds=reported_wait, raw_ttft=raw_ttft, drain_seconds=drain))
+                              recompute_seconds=recompute_seconds, paced_wait_seconds=reported_wait,
+                              raw_ttft=raw_ttft, drain_seconds=drain))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -562,8 +584,10 @@ class PredictedLatencyProducer(DataProducer):
                                                                           unexplained, mean_output))
         extra = self._expected_extra(load, now, recompute, ledger_queued)
         ttft = estimate.seconds + reported_wait
+        recompute_seconds = 0.0
         if extra > 0:
             ttft = service.ttft(queued + own + extra, pairs, decoding, context).seconds + reported_wait
+            recompute_seconds = ttft - (estimate.seconds + reported_wait)
         drain = self._drain(load, metrics, ttft)
         if drain:
             ttft = drain
@@ -589,6 +613,7 @@ class PredictedLatencyProducer(DataProducer):
             prefix_source=source,
             recompute_tokens=recompute,
             credited_ttft=credited,
+            recompute_seconds=recompute_seconds,
             paced_wait_seconds=reported_wait,
             raw_ttft=raw_ttft,
             drain_seconds=drain,
@@ -713,3 +738,12 @@ def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[s
     if not holders or len(holders) == len(found):
         return held, None
     return held, min(holders, key=lambda p: p.cost)
+
+
+def _saturated(endpoints: list[Endpoint]) -> bool:
+    """Every candidate's last scrape shows a full KV cache and a queue: the pool is past its capacity."""
+    for ep in endpoints:
+        m = ep.metrics
+        if m.waiting_queue_size <= 0 or m.kv_cache_usage < _KV_FULL:
+            return False
+    return bool(endpoints)
