@@ -442,6 +442,25 @@ def test_the_saturated_ranking_needs_every_pod_full_with_a_queue_and_can_be_turn
     assert all(p.saturation_charge == 0.0 for p in cycle.predictions.values())
 
 
+def test_the_saturated_ranking_is_a_validated_config_parameter() -> None:
+    def producer(parameters: str) -> PredictedLatencyProducer:
+        config = f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: predicted-latency-producer
+  parameters: {parameters}
+- type: latency-scorer
+"""
+        core = build_core(pool(), config, tick=0.05, seed=1)
+        return next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
+
+    assert producer("{}").saturated_pool
+    assert not producer("{saturatedPool: false}").saturated_pool
+    with pytest.raises(Exception, match="saturatedPool"):
+        producer("{saturatedPool: often}")
+
+
 def test_a_saturated_pool_prefers_the_holder_that_still_has_the_prefix() -> None:
     """Two pods hold a document by the index; one's requests in flight pin more prefixes than its
     cache holds, so it is expected to compute the document again (`recompute_share`). The ranking
