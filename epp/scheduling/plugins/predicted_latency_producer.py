@@ -630,10 +630,9 @@ class PredictedLatencyProducer(DataProducer):
         turn is (`EndpointLoad.drain_seconds`). The prediction takes the later of the two. Not
         the ranking: on the pods it affects every candidate is full, and ranked on it a prefix's
         requests spread over pods that each compute it again."""
-        waiting = metrics.waiting_queue_size
-        if waiting <= 0 or load.busy_interval <= 0.0 or metrics.kv_cache_usage < _KV_FULL:
+        if load.busy_interval <= 0.0 or not _full_with_queue(metrics):
             return 0.0
-        drain = load.drain_seconds(waiting)
+        drain = load.drain_seconds(metrics.waiting_queue_size)
         return drain if drain > ttft else 0.0
 
     @staticmethod
@@ -740,10 +739,11 @@ def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[s
     return held, min(holders, key=lambda p: p.cost)
 
 
+def _full_with_queue(metrics: EndpointMetrics) -> bool:
+    """The pod's last scrape shows a full KV cache and a queue: it admits as its running requests end."""
+    return metrics.waiting_queue_size > 0 and metrics.kv_cache_usage >= _KV_FULL
+
+
 def _saturated(endpoints: list[Endpoint]) -> bool:
-    """Every candidate's last scrape shows a full KV cache and a queue: the pool is past its capacity."""
-    for ep in endpoints:
-        m = ep.metrics
-        if m.waiting_queue_size <= 0 or m.kv_cache_usage < _KV_FULL:
-            return False
-    return bool(endpoints)
+    """Every candidate is full with a queue (`_full_with_queue`): the pool is past its capacity."""
+    return bool(endpoints) and all(_full_with_queue(ep.metrics) for ep in endpoints)
