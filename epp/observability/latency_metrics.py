@@ -17,6 +17,9 @@ ledger hold?
 - `inference_extension_saturated_pool_picks_total`: picks made while every candidate's last scrape
   showed a full KV cache and a queue — the pool past its capacity — ranked for its throughput
   (prefixes kept on the pods that still hold them). Rising: add pods, or shed load.
+- `inference_extension_ttft_bounded_picks_total`: picks where the cheapest candidate was predicted
+  to answer beyond `latency-scorer`'s TTFT bound (1.5× the fastest + 20 ms), so a faster one was
+  picked: a pool mixing GPU types whose slow pods sit idle while the fast ones are busy.
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
@@ -121,6 +124,10 @@ class LatencyMetrics:
                                  "Picks ranked on a saturated pool (every candidate's KV cache full with a "
                                  "queue): for its throughput, keeping prefixes on the endpoints that hold "
                                  "them.", registry=registry)
+        self.bounded = Counter("inference_extension_ttft_bounded_picks",
+                               "Picks the latency scorer's TTFT bound made: the cheapest candidate was "
+                               "predicted to answer beyond the bound (ratio x the fastest + slack), so the "
+                               "pick was the cheapest within it.", registry=registry)
         registry.register(LedgerCollector(datastore))
 
     def ttft_predicted(self, predicted: float, observed: float) -> None:
@@ -138,3 +145,6 @@ class LatencyMetrics:
 
     def saturated_pick(self) -> None:
         self.saturated.inc()
+
+    def ttft_bounded_pick(self) -> None:
+        self.bounded.inc()

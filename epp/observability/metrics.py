@@ -365,6 +365,9 @@ class EppMetrics:
     def saturated_pick(self, request: InferenceRequest) -> None:
         self.latency.saturated_pick()
 
+    def ttft_bounded_pick(self, request: InferenceRequest) -> None:
+        self.latency.ttft_bounded_pick()
+
     def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         self._children["plugin_duration"]((extension_point, plugin.type, plugin.name)).observe(seconds)
 

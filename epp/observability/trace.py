@@ -86,6 +86,7 @@ class DecisionRecord:
                          "copy_credit_ms": round(p.copy_credit * 1e3, 2), "copy_reason": p.copy_reason,
                          "recompute_ms": round(p.recompute_seconds * 1e3, 2), "saturated": p.saturated,
                          "saturation_charge_ms": round(p.saturation_charge * 1e3, 2),
+                         "beyond_bound_ms": round(p.beyond_bound * 1e3, 2), "ttft_bounded": p.ttft_bounded,
                          "prefix_source": p.prefix_source})
         return rows
 

@@ -269,6 +269,8 @@ class Director:
                     self.metrics.prefix_copied(request, prediction.copy_credit, prediction.copy_reason)
                 if prediction.saturated:
                     self.metrics.saturated_pick(request)
+                if prediction.ttft_bounded:
+                    self.metrics.ttft_bounded_pick(request)
         else:
             load.add(item, now)
         return item

@@ -47,3 +47,7 @@ class RequestMetricsSink(Protocol):
         """The pick was ranked on a saturated pool (every candidate's KV cache full with a queue):
         for the pool's throughput, on what each pod will compute again, copies of a held prefix
         charged as work the pool cannot absorb."""
+
+    def ttft_bounded_pick(self, request: InferenceRequest) -> None:
+        """The cheapest candidate was predicted to answer far later than the fastest (beyond
+        `latency-scorer`'s TTFT bound), so the pick was made among those within it."""

@@ -38,6 +38,11 @@ class Prediction:
     # have (work the pool cannot absorb).
     saturated: bool = False
     saturation_charge: float = 0.0
+    # Set by `latency-scorer`'s TTFT bound: seconds this candidate's `ttft` is beyond the bound
+    # (the lowest candidate's × the ratio + the slack), so it was not ranked; and, on those within
+    # it, that the cheapest candidate was beyond it (the bound changed the pick).
+    beyond_bound: float = 0.0
+    ttft_bounded: bool = False
     # Of `cached_tokens`, those the pod is expected to compute again first (its requests in
     # flight pin more prefixes than its cache holds), and the queued ones' likewise: `ttft`
     # counts them; `credited_ttft` is the prediction with the whole credit, which `cost` and the
@@ -70,4 +75,6 @@ class Prediction:
                 + (f",drain={self.drain_seconds * 1e3:.1f}ms" if self.drain_seconds else "")
                 + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
                 + (f",saturated={self.saturation_charge * 1e3:.1f}ms" if self.saturation_charge else "")
+                + (f",beyond_bound={self.beyond_bound * 1e3:.1f}ms" if self.beyond_bound else "")
+                + (",bounded" if self.ttft_bounded else "")
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

@@ -11,6 +11,7 @@ import pytest
 
 from epp.api.request import Api, InferenceRequest
 from epp.api.response import Usage
+from epp.config.loader import load_config
 from epp.core import build_core
 from epp.datastore import Datastore, EndpointMetrics, EndpointSpec, Outstanding
 from epp.errors import EppError
@@ -135,6 +136,132 @@ def test_the_scorer_ranks_on_cost_and_breaks_ties_by_work() -> None:
     scores = LatencyScorer().score(cycle, request("x"), eps)
     assert max(range(4), key=scores.__getitem__) == 1  # ties with 0 (within 2%), less work
     assert scores[2] == pytest.approx(0.5) and scores[3] == pytest.approx(0.25)
+
+
+def test_the_scorer_does_not_trade_a_requests_ttft_beyond_the_bound() -> None:
+    """The cheapest pick by cost can be a slow idle pod that makes this request wait 2-3x the
+    fastest one's time: the bound (here 1.5x the fastest + 20 ms; off by default) keeps the pick
+    among those predicted to answer within it, cheapest first, and says so."""
+    def pred(ttft: float, cost: float) -> Prediction:
+        return Prediction(ttft=ttft, cost=cost, queued_prefill=0, own_prefill=4000, cached_tokens=0,
+                          prompt_tokens=4000, output_tokens=200, prefill_seconds=ttft, wait_seconds=0.0, itl=0.01,
+                          work_seconds=ttft)
+
+    def bounded() -> LatencyScorer:
+        return LatencyScorer(ttft_bound_ratio=1.5)
+
+    store = pool()
+    eps = list(store.endpoints())
+
+    def ranked(scorer: LatencyScorer, *pairs: tuple[float, float]) -> tuple[list[float], list[Prediction]]:
+        cycle = CycleState()
+        found = [pred(t, c) for t, c in pairs]
+        cycle.predictions = {ep.address: p for ep, p in zip(eps, found)}
+        return scorer.score(cycle, request("x"), eps), found
+
+    # fast busy pods (0.12 s to first token, costly for the requests after) against slow idle ones
+    pairs = ((0.12, 0.55), (0.15, 0.60), (0.28, 0.40), (0.30, 0.41))
+    scores, found = ranked(bounded(), *pairs)
+    assert scores[2] == scores[3] == 0.0 and max(range(4), key=scores.__getitem__) == 0
+    assert scores[1] == pytest.approx(0.55 / 0.60)
+    assert found[2].beyond_bound == pytest.approx(0.28 - (0.12 * 1.5 + 0.02))
+    assert found[0].ttft_bounded and found[1].ttft_bounded and not found[2].ttft_bounded
+    assert "beyond_bound=80.0ms" in found[2].compact() and ",bounded" in found[0].compact()
+    # a wider bound lets the cheapest through; the default (0) turns it off
+    for scorer in (LatencyScorer(ttft_bound_ratio=2.5), LatencyScorer()):
+        scores, found = ranked(scorer, *pairs)
+        assert max(range(4), key=scores.__getitem__) == 2 and not any(p.beyond_bound for p in found)
+    # beyond it but clearly cheaper (it saves the others more than twice what this request loses:
+    # a long generation kept off a busy pod, a prefix not evicted), a candidate stays
+    scores, found = ranked(bounded(), (0.12, 0.55), (0.15, 0.60), (0.28, 0.30), (0.30, 0.41))
+    assert max(range(4), key=scores.__getitem__) == 2 and scores[3] == 0.0 and not found[2].beyond_bound
+    # the fastest pod has more prefill queued than this prompt's: the TTFTs are queues, unbounded
+    cycle = CycleState()
+    found = [pred(t, c) for t, c in pairs]
+    found[0].queued_prefill = 5000
+    cycle.predictions = {ep.address: p for ep, p in zip(eps, found)}
+    assert max(range(4), key=bounded().score(cycle, request("x"), eps).__getitem__) == 2
+    # within the bound the cost decides, and nothing is marked
+    scores, found = ranked(bounded(), (0.12, 0.55), (0.15, 0.40), (0.16, 0.45), (0.18, 0.50))
+    assert max(range(4), key=scores.__getitem__) == 1
+    assert not any(p.beyond_bound or p.ttft_bounded for p in found)
+    # a candidate beyond the bound that was not the cheapest: marked, but the bound made no pick
+    scores, found = ranked(bounded(), (0.12, 0.40), (0.15, 0.60), (0.28, 0.50), (0.13, 0.45))
+    assert scores[2] == 0.0 and found[2].beyond_bound > 0 and not any(p.ttft_bounded for p in found)
+    # a saturated pool is ranked for its throughput, unbounded
+    cycle = CycleState()
+    found = [pred(t, c) for t, c in pairs]
+    for p in found:
+        p.saturated = True
+    cycle.predictions = {ep.address: p for ep, p in zip(eps, found)}
+    scores = bounded().score(cycle, request("x"), eps)
+    assert max(range(4), key=scores.__getitem__) == 2 and not any(p.beyond_bound for p in found)
+
+
+def test_a_long_cold_prompt_is_not_sent_to_a_slow_idle_pod_to_spare_the_busy_fast_ones() -> None:
+    """A pool mixing GPU types: the fast pods are busy, the slow ones idle. By cost, a long cold
+    prompt belongs on a slow pod (there its prefill and decode delay fewer requests), where it
+    would wait 2.4x what a fast pod gives it. Through the real director, the bound keeps it on a
+    fast pod and SREs see why; with the bound off (the default), it goes to the slow pod."""
+    def route(parameters: str) -> tuple[str, dict[str, Prediction], EppMetrics, object]:
+        store = pool()
+        endpoints = list(store.endpoints())
+        for ep in endpoints[2:]:  # A100s beside H100s, as learned
+            ep.service.step_scale, ep.service.prefill_scale = 1.6, 2.5
+        for ep in endpoints[:2]:  # busy: 70% of their time, 20 picks a second
+            load = ep.load
+            load.work_rate = load.prefill_rate = 0.7
+            load.pick_rate = 20.0
+            load.rates_at, load.rates_since = 100.0, 0.0
+        config = f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: predicted-latency-producer
+- type: latency-scorer
+  parameters: {parameters}
+"""
+        core = build_core(store, config, tick=0.05, seed=1)
+        metrics = EppMetrics(store)
+        core.director.metrics = metrics
+        decision, _ = asyncio.run(core.director.handle_request(request("q " * 4000, max_tokens=300)))
+        return decision.targets[0].address, decision.result.cycle.predictions, metrics, decision.result
+
+    fast = {"10.0.0.1:8000", "10.0.0.2:8000"}
+    unbounded, found, _, _ = route("{}")  # the default: off
+    assert unbounded not in fast
+    assert found[unbounded].cost < min(found[a].cost for a in fast)
+    assert found[unbounded].ttft > 2.0 * max(found[a].ttft for a in fast)
+    picked, found, metrics, result = route("{ttftBoundRatio: 1.5}")
+    assert picked in fast and found[picked].ttft_bounded
+    slow = next(a for a in found if a not in fast)
+    assert found[slow].beyond_bound == pytest.approx(found[slow].ttft - (1.5 * found[picked].ttft + 0.02))
+    record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=result)  # type: ignore[arg-type]
+    rows = {row["address"]: row for row in record.predictions()}
+    assert rows[slow]["beyond_bound_ms"] > 0 and rows[picked]["ttft_bounded"]
+    assert metrics.registry.get_sample_value("inference_extension_ttft_bounded_picks_total") == 1.0
+
+
+def test_the_ttft_bound_is_a_validated_config_parameter() -> None:
+    def scorer(parameters: str) -> LatencyScorer:
+        config = f"""
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: latency-scorer
+  parameters: {parameters}
+"""
+        plugin = load_config(config, pool()).plugins["latency-scorer"]
+        assert isinstance(plugin, LatencyScorer)
+        return plugin
+
+    assert (scorer("{}").ttft_bound_ratio, scorer("{}").ttft_bound_slack) == (0.0, pytest.approx(0.02))
+    wide = scorer("{ttftBoundRatio: 2, ttftBoundSlackMs: 5}")
+    assert (wide.ttft_bound_ratio, wide.ttft_bound_slack) == (2.0, pytest.approx(0.005))
+    assert scorer("{ttftBoundRatio: 0}").ttft_bound_ratio == 0.0
+    for bad in ("{ttftBoundRatio: 0.5}", "{ttftBoundRatio: -1}", "{ttftBoundSlackMs: -3}", "{ttftBoundRatio: wide}"):
+        with pytest.raises(Exception, match="ttftBound"):
+            scorer(bad)
 
 
 def test_slo_mode_sheds_a_sheddable_request_no_pod_can_serve_in_time() -> None:

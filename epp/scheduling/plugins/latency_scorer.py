@@ -1,18 +1,39 @@
-"""`latency-scorer` (llm-d's name): prefer the candidate predicted to answer first.
+"""`latency-scorer` (llm-d's name): prefer the candidate whose pick costs least, in seconds.
 
-Score = best predicted TTFT among the candidates / this candidate's, so the fastest scores 1 and
-a pod predicted twice as slow scores 0.5; with `max-score-picker` the lowest prediction wins and
-candidates within `tieTolerance` of it tie (the picker breaks ties at random, so equally idle
-pods share a burst). `tpotWeight` > 0 blends in the predicted inter-token latency the same way:
-`score = (1 - w)·ttft part + w·itl part`. Predictions come from `predicted-latency-producer`
+Score = lowest cost among the candidates / this candidate's (`Prediction.cost`: the predicted TTFT
+with the whole cache credit plus what the pick costs the requests after it), so the cheapest
+scores 1 and one twice as costly 0.5; with `max-score-picker` the cheapest wins and candidates
+within `tieTolerance` of it tie (the picker breaks ties at random, so equally idle pods share a
+burst). `tpotWeight` > 0 blends in the predicted inter-token latency the same way:
+`score = (1 - w)·cost part + w·itl part`. Predictions come from `predicted-latency-producer`
 (created with default parameters when none is configured).
 
-Parameters: `tpotWeight` (0.0), `tieTolerance` (0.02, relative).
+**The TTFT bound** (off by default). The cost trades this request's time to first token for the
+others': an idle slow pod can cost less than a busy fast one because the request's prefill and
+decode there delay fewer requests after it. That lowers the mean, but the loss lands whole on one
+request (a long cold prompt sent to a slow pod waits 2-3x what a fast pod would give it) while
+the saving is spread over many. With `ttftBoundRatio` set, a candidate predicted to answer beyond
+the bound (the ratio × the fastest candidate's TTFT + `ttftBoundSlackMs`, on the credited
+predictions the cost is made of) is picked only if it saves the others more than twice what this
+request loses there (its cost lower than the fastest's by more than its TTFT is higher); the
+others score 0. Not bounded: a saturated pool (ranked for its throughput), and a pool whose
+fastest candidate has more prefill queued than this prompt's own (there the TTFTs are queues to
+wait out, which the cost already ranks). Measured (BENCHMARKS.md, ratio 1.5): on 4 H100 + 12
+A100 pods the TTFT p99 of unique long prompts beside busy fast pods fell (mixed traffic 283 ->
+158 ms, long context 883 -> 204 ms, head-of-line 2,814 -> 1,506 ms); on 8 H100 + 8 A100 a shared
+document's first request went to a fast pod and drew its later ones there, and the B2B p99s rose
+587 -> 744 ms (shared context) and 12.3 -> 15.6 s (overload). Hence off by default; for a pool
+of a few fast pods beside many slow ones serving unrelated long prompts.
+`inference_extension_ttft_bounded_picks_total` counts the picks it made; `beyond_bound=` and
+`bounded` in `x-epp-decision` show it per candidate.
+
+Parameters: `tpotWeight` (0.0), `tieTolerance` (0.02, relative), `ttftBoundRatio` (0: off; else
+at least 1), `ttftBoundSlackMs` (20).
 
 ```yaml
 plugins:
 - type: latency-scorer
-  parameters: {tpotWeight: 0.0}
+  parameters: {tpotWeight: 0.0, ttftBoundRatio: 1.5, ttftBoundSlackMs: 20}
 schedulingProfiles:
 - name: default
   plugins: [{pluginRef: latency-scorer}]
@@ -29,6 +50,7 @@ from epp.params import Params
 from epp.scheduling.framework import CycleState, Plugin, Scorer
 from epp.scheduling.plugins._requires import unique_name
 from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
+from epp.scheduling.prediction import Prediction
 
 if TYPE_CHECKING:
     from epp.plugin import PluginContext
@@ -40,18 +62,26 @@ _WORK_TIE = 1e-3  # how far apart tied candidates' scores are set by their work
 class LatencyScorer(Scorer):
     type = "latency-scorer"
 
-    def __init__(self, name: str = "", *, tpot_weight: float = 0.0, tie_tolerance: float = 0.02) -> None:
+    def __init__(self, name: str = "", *, tpot_weight: float = 0.0, tie_tolerance: float = 0.02,
+                 ttft_bound_ratio: float = 0.0, ttft_bound_slack: float = 0.02) -> None:
         super().__init__(name)
         self.tpot_weight = tpot_weight
         self.tie_tolerance = tie_tolerance
+        self.ttft_bound_ratio = ttft_bound_ratio
+        self.ttft_bound_slack = ttft_bound_slack  # seconds
         self.producer: PredictedLatencyProducer | None = None
 
     @classmethod
     def from_config(cls, name: str, params: Params, ctx: PluginContext) -> LatencyScorer:
         tpot = params.float("tpotWeight", 0.0, min=0.0, max=1.0)
         tolerance = params.float("tieTolerance", 0.02, min=0.0, max=1.0)
+        ratio = params.float("ttftBoundRatio", 0.0, min=0.0, max=100.0)
+        if 0.0 < ratio < 1.0:
+            raise params.error("ttftBoundRatio", f"must be 0 (off) or at least 1, got {ratio}")
+        slack_ms = params.float("ttftBoundSlackMs", 20.0, min=0.0, max=60_000.0)
         params.done()
-        return cls(name, tpot_weight=tpot, tie_tolerance=tolerance)
+        return cls(name, tpot_weight=tpot, tie_tolerance=tolerance, ttft_bound_ratio=ratio,
+                   ttft_bound_slack=slack_ms * 1e-3)
 
     def create_missing_producers(self, ctx: PluginContext) -> list[Plugin]:
         for plugin in ctx.plugins.values():
@@ -69,7 +99,14 @@ class LatencyScorer(Scorer):
         if None in found:
             return [0.0] * len(endpoints)
         costs = [c if c > _FLOOR else _FLOOR for c in [p.cost for p in found]]  # type: ignore[union-attr]
-        scores = _relative(costs, self.tie_tolerance)
+        within = self._within_bound(found)  # type: ignore[arg-type]
+        if within is None:
+            scores = _relative(costs, self.tie_tolerance)
+        else:  # ranked among the candidates within the bound; the others score 0
+            kept = [i for i, ok in enumerate(within) if ok]
+            scores = [0.0] * len(costs)
+            for i, v in zip(kept, _relative([costs[i] for i in kept], self.tie_tolerance)):
+                scores[i] = v
         # Among the candidates that tie, the one the pick costs least work (a cached prefix
         # rather than a second copy of it) wins; exact ties stay ties, for the picker's coin.
         tied = [i for i, v in enumerate(scores) if v == 1.0]
@@ -81,7 +118,41 @@ class LatencyScorer(Scorer):
         if w > 0.0:
             itls = [max(_FLOOR, p.itl) for p in found]  # type: ignore[union-attr]
             scores = [(1.0 - w) * a + w * b for a, b in zip(scores, _relative(itls, self.tie_tolerance))]
+            if within is not None:
+                scores = [v if ok else 0.0 for v, ok in zip(scores, within)]
         return scores
+
+    def _within_bound(self, found: list[Prediction]) -> list[bool] | None:
+        """Which candidates the TTFT bound leaves in the ranking (None: all of them).
+
+        Left out: a candidate predicted to answer beyond the bound (the fastest candidate's
+        TTFT × the ratio + the slack) and cheaper than the fastest by less than `_COST_NOISE`
+        of its cost, a difference within the prediction's own error. Kept: one whose cost is
+        clearly lower (a long generation spread off a busy pod, a prefix not evicted), and
+        every candidate when the fastest has more prefill queued than this prompt's own (there
+        the TTFTs are the queues' waits, which the cost already ranks). Marks the ones left out
+        (`beyond_bound`: seconds past it) and, when the cheapest is among them, `ttft_bounded`
+        on the others: the pick the bound made."""
+        ratio = self.ttft_bound_ratio
+        if ratio <= 0.0 or len(found) < 2 or any(p.saturated for p in found):
+            return None
+        ttfts = [p.credited_ttft or p.ttft for p in found]
+        fastest = min(range(len(found)), key=ttfts.__getitem__)
+        best = found[fastest]
+        if best.queued_prefill > best.own_prefill:
+            return None
+        limit = ttfts[fastest] * ratio + self.ttft_bound_slack
+        ttft_best, cost_best = ttfts[fastest], best.cost
+        within = [t <= limit or cost_best - p.cost > t - ttft_best for p, t in zip(found, ttfts)]
+        if all(within):
+            return None
+        for p, t, ok in zip(found, ttfts, within):
+            if not ok:
+                p.beyond_bound = t - limit
+        if not within[min(range(len(found)), key=lambda i: found[i].cost)]:
+            for p, ok in zip(found, within):
+                p.ttft_bounded = ok
+        return within
 
 
 def _relative(values: list[float], tolerance: float) -> list[float]:
