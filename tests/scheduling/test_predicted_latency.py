@@ -213,15 +213,7 @@ def test_a_long_cold_prompt_is_not_sent_to_a_slow_idle_pod_to_spare_the_busy_fas
             load.work_rate = load.prefill_rate = 0.7
             load.pick_rate = 20.0
             load.rates_at, load.rates_since = 100.0, 0.0
-        config = f"""
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: predicted-latency-producer
-- type: latency-scorer
-  parameters: {parameters}
-"""
-        core = build_core(store, config, tick=0.05, seed=1)
+        core = build_core(store, with_parameters("latency-scorer", parameters), tick=0.05, seed=1)
         metrics = EppMetrics(store)
         core.director.metrics = metrics
         decision, _ = asyncio.run(core.director.handle_request(request("q " * 4000, max_tokens=300)))
@@ -242,16 +234,21 @@ plugins:
     assert metrics.registry.get_sample_value("inference_extension_ttft_bounded_picks_total") == 1.0
 
 
-def test_the_ttft_bound_is_a_validated_config_parameter() -> None:
-    def scorer(parameters: str) -> LatencyScorer:
-        config = f"""
+def with_parameters(plugin_type: str, parameters: str) -> str:
+    """A config of one plugin with `parameters` (YAML flow), the latency scorer after it."""
+    config = f"""
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
-- type: latency-scorer
+- type: {plugin_type}
   parameters: {parameters}
 """
-        plugin = load_config(config, pool()).plugins["latency-scorer"]
+    return config if plugin_type == "latency-scorer" else config + "- type: latency-scorer\n"
+
+
+def test_the_ttft_bound_is_a_validated_config_parameter() -> None:
+    def scorer(parameters: str) -> LatencyScorer:
+        plugin = load_config(with_parameters("latency-scorer", parameters), pool()).plugins["latency-scorer"]
         assert isinstance(plugin, LatencyScorer)
         return plugin
 
@@ -571,15 +568,7 @@ def test_the_saturated_ranking_needs_every_pod_full_with_a_queue_and_can_be_turn
 
 def test_the_saturated_ranking_is_a_validated_config_parameter() -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:
-        config = f"""
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: predicted-latency-producer
-  parameters: {parameters}
-- type: latency-scorer
-"""
-        core = build_core(pool(), config, tick=0.05, seed=1)
+        core = build_core(pool(), with_parameters("predicted-latency-producer", parameters), tick=0.05, seed=1)
         return next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
 
     assert producer("{}").saturated_pool
