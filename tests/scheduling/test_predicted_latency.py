@@ -566,6 +566,32 @@ def test_the_saturated_ranking_needs_every_pod_full_with_a_queue_and_can_be_turn
     assert all(p.saturation_charge == 0.0 for p in cycle.predictions.values())
 
 
+def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_candidates() -> None:
+    """Past its capacity a pod admits as its running requests end, not at its prefill rate, so a
+    fast GPU absorbs a copy of a document no better than a slow one: the copy's premium is priced
+    at the best holder's speed, the same for a fast and a slow candidate (at each candidate's own
+    speed, copies onto the fast pods looked cheap and documents piled up there)."""
+    store = pool(kv_cache_usage=0.95, waiting_queue_size=2)
+    endpoints = list(store.endpoints())
+    holder, fast, slow = endpoints[0], endpoints[1], endpoints[2]
+    for ep in (holder, slow):  # A100s beside H100s, as learned
+        ep.service.step_scale, ep.service.prefill_scale = 1.6, 2.5
+    producer = PredictedLatencyProducer(datastore=store)
+    producer.prefix_producer = LatencyScorer("match")  # only its name: where the match is found
+    cycle = CycleState()
+    cycle.data["match"] = PrefixMatch(total=200, block_size_tokens=16, matched={holder.address: 200},
+                                      hashes=list(range(200)))
+    producer.prepare(cycle, request("x" * 16_000), endpoints)
+    found = cycle.predictions
+    hit = found[holder.address]
+    assert hit.saturation_charge == 0.0 and hit.cached_tokens > 0
+    premium = PredictedLatencyProducer._own_prefill_seconds(holder, found[fast.address].own_prefill, 0) \
+        - hit.prefill_work_seconds
+    for ep in (fast, slow):
+        assert found[ep.address].saturation_charge == pytest.approx(19.0 * premium)
+    assert found[fast.address].prefill_work_seconds < 0.5 * found[slow.address].prefill_work_seconds
+
+
 def test_the_saturated_ranking_is_a_validated_config_parameter() -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:
         core = build_core(pool(), with_parameters("predicted-latency-producer", parameters), tick=0.05, seed=1)

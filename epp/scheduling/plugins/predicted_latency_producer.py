@@ -325,11 +325,15 @@ class PredictedLatencyProducer(DataProducer):
         externality charges a prompt's prefill at the pod's own prefill utilisation, which reads
         low on a KV-bound pod (it admits as requests end, not as fast as it prefills), so a copy
         onto a pod whose queue was a little shorter looked cheap. Here the premium (the prefill
-        the best holder would not do, at this candidate's speed) is charged at the cap,
-        u / (1 − u) with u = 0.95. Only the copy's premium: charging every candidate's own
-        prefill so put more load on the faster pods (their prefill is cheaper), whose queues then
-        grew longest. Pods that do not hold the prefix at its deepest match are the candidates
-        for a copy, as for the copy credit.
+        the copy adds to what the best holder would do) is charged at the cap, u / (1 − u) with
+        u = 0.95. Priced at the holder's speed, the same for every candidate: a saturated pod
+        admits as its running requests end, not at its prefill rate, so a fast GPU absorbs a
+        copy no better than a slow one; priced at each candidate's own speed, copies onto the
+        fast pods looked cheap and documents piled up there (the 4:12 pool's overload,
+        BENCHMARKS.md). Only the copy's premium: charging every candidate's own prefill so put
+        more load on the faster pods (their prefill is cheaper), whose queues then grew longest.
+        Pods that do not hold the prefix at its deepest match are the candidates for a copy, as
+        for the copy credit.
         """
         matched = match.matched
         if not matched:
@@ -337,10 +341,11 @@ class PredictedLatencyProducer(DataProducer):
         held, best = _holders(endpoints, found, matched, max(matched.values()))
         if best is None:
             return
-        for ep, p, has in zip(endpoints, found, held):
+        holder = next(ep for ep, p in zip(endpoints, found) if p is best)
+        for p, has in zip(found, held):
             if has:
                 continue
-            premium = p.prefill_work_seconds - self._own_prefill_seconds(ep, best.own_prefill, best.cached_tokens)
+            premium = self._own_prefill_seconds(holder, p.own_prefill, p.cached_tokens) - best.prefill_work_seconds
             if premium > 0.0:
                 p.saturation_charge = premium * _SATURATED
                 p.cost += p.saturation_charge
