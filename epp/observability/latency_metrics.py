@@ -18,8 +18,9 @@ ledger hold?
   showed a full KV cache and a queue — the pool past its capacity — ranked for its throughput
   (prefixes kept on the pods that still hold them). Rising: add pods, or shed load.
 - `inference_extension_ttft_bounded_picks_total`: picks where the cheapest candidate was predicted
-  to answer beyond `latency-scorer`'s TTFT bound (1.5× the fastest + 20 ms), so a faster one was
-  picked: a pool mixing GPU types whose slow pods sit idle while the fast ones are busy.
+  to answer beyond `latency-scorer`'s TTFT bound (`ttftBoundRatio` × the fastest + the slack; off
+  by default), so a faster one was picked: a pool mixing GPU types whose slow pods sit idle while
+  the fast ones are busy.
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),

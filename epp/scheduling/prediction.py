@@ -38,9 +38,9 @@ class Prediction:
     # have (work the pool cannot absorb).
     saturated: bool = False
     saturation_charge: float = 0.0
-    # Set by `latency-scorer`'s TTFT bound: seconds this candidate's `ttft` is beyond the bound
-    # (the lowest candidate's × the ratio + the slack), so it was not ranked; and, on those within
-    # it, that the cheapest candidate was beyond it (the bound changed the pick).
+    # Set by `latency-scorer`'s TTFT bound (when configured): seconds this candidate's credited
+    # TTFT is beyond the bound (the fastest candidate's × the ratio + the slack) when it was left
+    # out of the ranking; and, on those kept, that the cheapest was left out (the bound made the pick).
     beyond_bound: float = 0.0
     ttft_bounded: bool = False
     # Of `cached_tokens`, those the pod is expected to compute again first (its requests in

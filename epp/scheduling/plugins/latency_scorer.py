@@ -125,14 +125,14 @@ class LatencyScorer(Scorer):
     def _within_bound(self, found: list[Prediction]) -> list[bool] | None:
         """Which candidates the TTFT bound leaves in the ranking (None: all of them).
 
-        Left out: a candidate predicted to answer beyond the bound (the fastest candidate's
-        TTFT × the ratio + the slack) and cheaper than the fastest by less than `_COST_NOISE`
-        of its cost, a difference within the prediction's own error. Kept: one whose cost is
-        clearly lower (a long generation spread off a busy pod, a prefix not evicted), and
-        every candidate when the fastest has more prefill queued than this prompt's own (there
-        the TTFTs are the queues' waits, which the cost already ranks). Marks the ones left out
-        (`beyond_bound`: seconds past it) and, when the cheapest is among them, `ttft_bounded`
-        on the others: the pick the bound made."""
+        Left out: a candidate predicted (credited) to answer beyond the bound (the fastest
+        candidate's TTFT × the ratio + the slack) whose cost is not lower than the fastest's by
+        more than its TTFT is higher: it saves the others less than twice what this request
+        loses. Kept: one clearly cheaper (a long generation spread off a busy pod, a prefix not
+        evicted), and every candidate when the fastest has more prefill queued than this
+        prompt's own (there the TTFTs are the queues' waits, which the cost already ranks).
+        Marks the ones left out (`beyond_bound`: seconds past it) and, when the cheapest is among
+        them, `ttft_bounded` on the others: the pick the bound made."""
         ratio = self.ttft_bound_ratio
         if ratio <= 0.0 or len(found) < 2 or any(p.saturated for p in found):
             return None
@@ -141,9 +141,9 @@ class LatencyScorer(Scorer):
         best = found[fastest]
         if best.queued_prefill > best.own_prefill:
             return None
-        limit = ttfts[fastest] * ratio + self.ttft_bound_slack
-        ttft_best, cost_best = ttfts[fastest], best.cost
-        within = [t <= limit or cost_best - p.cost > t - ttft_best for p, t in zip(found, ttfts)]
+        ttft_best = ttfts[fastest]
+        limit = ttft_best * ratio + self.ttft_bound_slack
+        within = [t <= limit or best.cost - p.cost > t - ttft_best for p, t in zip(found, ttfts)]
         if all(within):
             return None
         for p, t, ok in zip(found, ttfts, within):
