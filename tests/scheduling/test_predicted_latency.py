@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -601,6 +602,67 @@ def test_the_saturated_ranking_is_a_validated_config_parameter() -> None:
     assert not producer("{saturatedPool: false}").saturated_pool
     with pytest.raises(Exception, match="saturatedPool"):
         producer("{saturatedPool: often}")
+
+
+def drain_charged(full_pods: int, warm: bool = False, drain_charge: bool = True) -> tuple[str, dict[str, Prediction]]:
+    """A ~1,000-token prompt over `PODS` idle pods of which the first `full_pods` show a full KV
+    cache with three waiting and give a first token every 0.4 s while backlogged; `warm`: the
+    first pod holds all of the prompt. The first pod's address and every candidate's prediction."""
+    store = pool()
+    for ep in store.endpoints()[:full_pods]:
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                          kv_cache_usage=0.95, waiting_queue_size=3))
+        ep.load.busy_interval = 0.4
+    producer = PredictedLatencyProducer(datastore=store, drain_charge=drain_charge)
+    producer.prefix_producer = LatencyScorer("match")  # only its name: where the match is found
+    first = store.endpoints()[0].address
+    cycle = CycleState()
+    cycle.data["match"] = PrefixMatch(total=100, block_size_tokens=16, matched={first: 100} if warm else {},
+                                      hashes=list(range(100)))
+    producer.prepare(cycle, request("x" * 4000), list(store.endpoints()))
+    return first, cycle.predictions
+
+
+def test_a_cold_prompt_is_charged_a_full_pods_drain_while_most_of_the_pool_has_room() -> None:
+    """A full pod with a queue admits as its running requests end: its credited TTFT reads as a
+    pod with room would, so the cost of a cold prompt there is charged what its drain (its queue
+    at its measured pace) adds to it. Not for a prompt the pod holds (moving it would cost its
+    affinity), not once most of the pool is full (cold prompts would pile onto the few pods with
+    room), not on a saturated pool (ranked for its throughput), not when turned off."""
+    first, got = drain_charged(1)
+    full = got[first]
+    assert full.drain_seconds == pytest.approx(0.4)
+    assert full.drain_charge == pytest.approx(full.drain_seconds - full.credited_ttft)
+    assert full.drain_charge > 0.3
+    assert all(p.drain_charge == 0.0 for address, p in got.items() if address != first)
+    _, uncharged = drain_charged(1, drain_charge=False)
+    assert full.cost == pytest.approx(uncharged[first].cost + full.drain_charge)
+    assert full.ttft == uncharged[first].ttft  # the prediction does not move
+    assert f"drain_charge={full.drain_charge * 1e3:.1f}ms" in full.compact()
+    result = SimpleNamespace(cycle=SimpleNamespace(predictions=got))
+    record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=result)  # type: ignore[arg-type]
+    rows = {row["address"]: row for row in record.predictions()}
+    assert rows[first]["drain_charge_ms"] == round(full.drain_charge * 1e3, 2)
+
+    first, half = drain_charged(PODS // 2)
+    assert half[first].drain_charge > 0.0  # half the pool has room: still charged
+    for pods in (PODS // 2 + 1, PODS):  # most of the pool full, or all of it (saturated)
+        _, most = drain_charged(pods)
+        assert all(p.drain_charge == 0.0 for p in most.values())
+    first, warm = drain_charged(1, warm=True)
+    assert warm[first].cached_tokens * 2 >= warm[first].prompt_tokens and warm[first].drain_seconds > 0.0
+    assert warm[first].drain_charge == 0.0
+
+
+def test_the_drain_charge_is_a_validated_config_parameter() -> None:
+    def producer(parameters: str) -> PredictedLatencyProducer:
+        core = build_core(pool(), with_parameters("predicted-latency-producer", parameters), tick=0.05, seed=1)
+        return next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
+
+    assert producer("{}").drain_charge
+    assert not producer("{drainCharge: false}").drain_charge
+    with pytest.raises(Exception, match="drainCharge"):
+        producer("{drainCharge: sometimes}")
 
 
 def test_a_saturated_pool_prefers_the_holder_that_still_has_the_prefix() -> None:

@@ -25,8 +25,9 @@ share it once it is back.
 Two corrections, again to what is reported only: on a pod whose KV cache is full and whose queue
 is not empty, the prediction is at least the queue ahead at the pace the pod has been measured to
 give first tokens while backlogged (`EndpointLoad.drain_seconds`: it admits as running requests
-end, which the step model cannot see); and each pod's prediction is multiplied by its learned
-calibration factor, the running median of observed over predicted (`ServiceModel.calibrate`).
+end, which the step model cannot see; the ranking takes it for a cold prompt only,
+`_charge_drain`); and each pod's prediction is multiplied by its learned calibration factor, the
+running median of observed over predicted (`ServiceModel.calibrate`).
 
 Candidates are ranked on `cost`: the TTFT with the whole credit plus what the pick costs the
 requests after it (its decode's share of their steps, its prefill ahead of theirs, its chunk in
@@ -36,7 +37,8 @@ copy credit — what a new copy of a hot prefix on a pod without it saves that p
 (all of them, on a pod clearly faster than its holders). A saturated pool (every candidate's KV
 cache full with a queue) is ranked for its throughput instead (`_rank_saturated`): on the
 prediction with the prefill each pod will compute again, and a copy of a prefix its holders have
-charged as work the pool cannot absorb.
+charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
+prompt at the pace it admits (`_charge_drain`), while at least half the pool has room.
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -58,6 +60,8 @@ Parameters (all optional):
 - `saturatedPool` (true): rank a saturated pool for its throughput (`_rank_saturated`), so a
   document stays where it is computed, on the holders that still have it, while the pool is past
   its capacity.
+- `drainCharge` (true): charge a cold prompt a full pod's drain (`_charge_drain`), so it goes to a
+  pod with room instead of queueing for admission behind a full one.
 
 ```yaml
 plugins:
@@ -105,7 +109,7 @@ class PredictedLatencyProducer(DataProducer):
 
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
-                 saturated_pool: bool = True) -> None:
+                 saturated_pool: bool = True, drain_charge: bool = True) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -119,6 +123,7 @@ class PredictedLatencyProducer(DataProducer):
         self._rate_since = -1.0  # the first request
         self.copy_credit = copy_credit
         self.saturated_pool = saturated_pool
+        self.drain_charge = drain_charge
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         datastore.subscribe(on_add=self._endpoint_added)
 
@@ -141,9 +146,10 @@ class PredictedLatencyProducer(DataProducer):
         learn = params.bool("learn", True)
         copy_credit = params.bool("copyCredit", True)
         saturated_pool = params.bool("saturatedPool", True)
+        drain_charge = params.bool("drainCharge", True)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
-                   copy_credit=copy_credit, saturated_pool=saturated_pool)
+                   copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -193,6 +199,8 @@ class PredictedLatencyProducer(DataProducer):
         saturated = self.saturated_pool and _saturated(endpoints)
         if saturated:
             self._rank_saturated(found)
+        elif self.drain_charge:
+            _charge_drain(endpoints, found)
         if match is not None and self.copy_credit:
             self._credit_copies(endpoints, found, match, now)
         if match is not None and saturated:
@@ -634,7 +642,7 @@ class PredictedLatencyProducer(DataProducer):
         while it is so, the pace measured between its first tokens says how long this request's
         turn is (`EndpointLoad.drain_seconds`). The prediction takes the later of the two. Not
         the ranking: on the pods it affects every candidate is full, and ranked on it a prefix's
-        requests spread over pods that each compute it again."""
+        requests spread over pods that each compute it again (`_charge_drain` ranks a cold prompt on it)."""
         if load.busy_interval <= 0.0 or not _full_with_queue(metrics):
             return 0.0
         drain = load.drain_seconds(metrics.waiting_queue_size)
@@ -742,6 +750,30 @@ def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[s
     if not holders or len(holders) == len(found):
         return held, None
     return held, min(holders, key=lambda p: p.cost)
+
+
+def _charge_drain(endpoints: list[Endpoint], found: list[Prediction]) -> None:
+    """Rank a cold prompt on a full pod with a queue at the pace that pod admits (its drain).
+
+    Such a pod admits as its running requests end; the step model cannot see that, so its
+    credited TTFT reads as a pod with room would, and prompts kept queueing there for admission
+    (the 4 H100 + 12 A100 pool's multi-tenant mix: its H100s full with a queue, the A100s with
+    room; BENCHMARKS.md). The prediction already says it (`Prediction.drain_seconds`); here the
+    cost is charged what the drain adds to the credited TTFT, on two conditions:
+    - the prompt is cold there (under half of it cached): it computes most of it wherever it
+      goes, so moving it loses no affinity. A prefix's requests ranked on the drain spread over
+      pods that each compute it again (why the drain is otherwise left out of the ranking);
+    - at least half the candidates have room (not full with a queue). With most of the pool full
+      (an overload short of saturation), cold prompts moved off the full pods piled onto the few
+      with room: the 8 H100 + 8 A100 pool's overload p99 12.4 → 15.2 s without this condition.
+    """
+    full = [_full_with_queue(ep.metrics) for ep in endpoints]
+    if sum(full) * 2 > len(endpoints):
+        return
+    for p, is_full in zip(found, full):
+        if is_full and p.drain_seconds > 0.0 and p.cached_tokens * 2 < p.prompt_tokens:
+            p.drain_charge = max(0.0, p.drain_seconds - (p.credited_ttft or p.ttft))
+            p.cost += p.drain_charge
 
 
 def _full_with_queue(metrics: EndpointMetrics) -> bool:
