@@ -593,15 +593,18 @@ def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_can
     assert found[fast.address].prefill_work_seconds < 0.5 * found[slow.address].prefill_work_seconds
 
 
-def test_the_saturated_ranking_is_a_validated_config_parameter() -> None:
+@pytest.mark.parametrize("parameter, attribute", [("saturatedPool", "saturated_pool"),
+                                                  ("drainCharge", "drain_charge")])
+def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
+                                                                                      attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:
         core = build_core(pool(), with_parameters("predicted-latency-producer", parameters), tick=0.05, seed=1)
         return next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
 
-    assert producer("{}").saturated_pool
-    assert not producer("{saturatedPool: false}").saturated_pool
-    with pytest.raises(Exception, match="saturatedPool"):
-        producer("{saturatedPool: often}")
+    assert getattr(producer("{}"), attribute)  # on by default
+    assert not getattr(producer(f"{{{parameter}: false}}"), attribute)
+    with pytest.raises(Exception, match=parameter):
+        producer(f"{{{parameter}: often}}")
 
 
 def drain_charged(full_pods: int, warm: bool = False, drain_charge: bool = True) -> tuple[str, dict[str, Prediction]]:
@@ -652,17 +655,6 @@ def test_a_cold_prompt_is_charged_a_full_pods_drain_while_most_of_the_pool_has_r
     first, warm = drain_charged(1, warm=True)
     assert warm[first].cached_tokens * 2 >= warm[first].prompt_tokens and warm[first].drain_seconds > 0.0
     assert warm[first].drain_charge == 0.0
-
-
-def test_the_drain_charge_is_a_validated_config_parameter() -> None:
-    def producer(parameters: str) -> PredictedLatencyProducer:
-        core = build_core(pool(), with_parameters("predicted-latency-producer", parameters), tick=0.05, seed=1)
-        return next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
-
-    assert producer("{}").drain_charge
-    assert not producer("{drainCharge: false}").drain_charge
-    with pytest.raises(Exception, match="drainCharge"):
-        producer("{drainCharge: sometimes}")
 
 
 def test_a_saturated_pool_prefers_the_holder_that_still_has_the_prefix() -> None:
