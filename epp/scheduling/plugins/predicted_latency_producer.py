@@ -196,11 +196,12 @@ class PredictedLatencyProducer(DataProducer):
         arrivals = self._arrival_rate(now) / max(1, len(endpoints))
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model)
-        saturated = self.saturated_pool and _saturated(endpoints)
+        full = sum(1 for ep in endpoints if _full_with_queue(ep.metrics))
+        saturated = self.saturated_pool and 0 < full == len(endpoints)  # the pool past its capacity
         if saturated:
             self._rank_saturated(found)
-        elif self.drain_charge:
-            _charge_drain(endpoints, found)
+        elif self.drain_charge and full * 2 <= len(endpoints):
+            _charge_drain(found)
         if match is not None and self.copy_credit:
             self._credit_copies(endpoints, found, match, now)
         if match is not None and saturated:
@@ -307,7 +308,7 @@ class PredictedLatencyProducer(DataProducer):
     def _rank_saturated(found: list[Prediction]) -> None:
         """Rank a saturated pool on what each pod will compute again, and keep prefixes on their holders.
 
-        When every candidate's last scrape shows a full KV cache and a queue (`_saturated`), the
+        When every candidate's last scrape shows a full KV cache and a queue (`_full_with_queue`), the
         pool is past what it can serve: its backlog grows by every second of work it is given,
         and the requests queued on every pod wait it out. What it serves is then set by how much
         prefill it does again. Two corrections to the cost, for such a pool only:
@@ -752,8 +753,9 @@ def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[s
     return held, min(holders, key=lambda p: p.cost)
 
 
-def _charge_drain(endpoints: list[Endpoint], found: list[Prediction]) -> None:
-    """Rank a cold prompt on a full pod with a queue at the pace that pod admits (its drain).
+def _charge_drain(found: list[Prediction]) -> None:
+    """Rank a cold prompt on a full pod with a queue at the pace that pod admits (its drain);
+    the caller has checked that at least half the candidates are not full with a queue.
 
     Such a pod admits as its running requests end; the step model cannot see that, so its
     credited TTFT reads as a pod with room would, and prompts kept queueing there for admission
@@ -767,11 +769,8 @@ def _charge_drain(endpoints: list[Endpoint], found: list[Prediction]) -> None:
       (an overload short of saturation), cold prompts moved off the full pods piled onto the few
       with room: the 8 H100 + 8 A100 pool's overload p99 12.4 → 15.2 s without this condition.
     """
-    full = [_full_with_queue(ep.metrics) for ep in endpoints]
-    if sum(full) * 2 > len(endpoints):
-        return
-    for p, is_full in zip(found, full):
-        if is_full and p.drain_seconds > 0.0 and p.cached_tokens * 2 < p.prompt_tokens:
+    for p in found:  # (a drain is set only on a pod full with a queue)
+        if p.drain_seconds > 0.0 and p.cached_tokens * 2 < p.prompt_tokens:
             p.drain_charge = max(0.0, p.drain_seconds - (p.credited_ttft or p.ttft))
             p.cost += p.drain_charge
 
@@ -779,8 +778,3 @@ def _charge_drain(endpoints: list[Endpoint], found: list[Prediction]) -> None:
 def _full_with_queue(metrics: EndpointMetrics) -> bool:
     """The pod's last scrape shows a full KV cache and a queue: it admits as its running requests end."""
     return metrics.waiting_queue_size > 0 and metrics.kv_cache_usage >= _KV_FULL
-
-
-def _saturated(endpoints: list[Endpoint]) -> bool:
-    """Every candidate is full with a queue (`_full_with_queue`): the pool is past its capacity."""
-    return bool(endpoints) and all(_full_with_queue(ep.metrics) for ep in endpoints)
