@@ -12,8 +12,11 @@ ledger hold?
 - `inference_extension_prefix_copies_total{reason}` and `inference_extension_prefix_copy_credit_seconds_total`:
   picks that copied a reused prefix to a pod without it with a copy credit, and the credit they
   were given. `reason="busy"`: a hot prefix spreading to more pods (steadily rising, the pool is
-  short of copies); `reason="faster"`: a reused prefix moving from slower pods to a faster one (a
-  pool mixing GPU types; steadily rising, prefixes keep landing on the slow pods first).
+  short of copies); `reason="choice"`: a second copy of a reused prefix held by one pod that is
+  busier than the others on average (rising with new prefixes; steadily, prefixes keep being
+  evicted down to one copy); `reason="faster"`: a reused prefix moving from slower pods to a
+  faster one (a pool mixing GPU types; steadily rising, prefixes keep landing on the slow pods
+  first).
 - `inference_extension_saturated_pool_picks_total`: picks made while every candidate's last scrape
   showed a full KV cache and a queue — the pool past its capacity — ranked for its throughput
   (prefixes kept on the pods that still hold them). Rising: add pods, or shed load.
@@ -116,7 +119,8 @@ class LatencyMetrics:
         self.copies = Counter("inference_extension_prefix_copies",
                               "Picks that copied a reused prefix to an endpoint without it, credited for what "
                               "the copy saves the prefix's next requests, by reason: busy (its holders' "
-                              "queue), faster (an endpoint faster than every holder).", ["reason"],
+                              "queue), choice (a second holder for a prefix on one busier endpoint), faster "
+                              "(an endpoint faster than every holder).", ["reason"],
                               registry=registry)
         self.copy_credit = Counter("inference_extension_prefix_copy_credit_seconds",
                                    "Seconds of copy credit given to the picks that copied a reused prefix.",

@@ -470,13 +470,15 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
     record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=results[copied])  # type: ignore[arg-type]
     rows = {row["address"]: row for row in record.predictions()}
     assert rows[address]["copy_credit_ms"] == round(chosen.copy_credit * 1e3, 2) > 0
-    assert f"copy={chosen.copy_credit * 1e3:.1f}ms/busy" in chosen.compact()
-    assert rows[address]["copy_reason"] == "busy"
+    assert f"copy={chosen.copy_credit * 1e3:.1f}ms/choice" in chosen.compact()
+    assert rows[address]["copy_reason"] == "choice"  # the first copy: its holder was the only one
     # and in the metrics.
     registry = made[0].registry
-    copies = sum(1 for _, p in with_credit if p.copy_credit > 0.0)
-    assert registry.get_sample_value("inference_extension_prefix_copies_total", {"reason": "busy"}) == copies > 0
-    assert all(p.copy_reason == "busy" for _, p in with_credit if p.copy_credit > 0.0)  # one speed: a busy holder
+    reasons = [p.copy_reason for _, p in with_credit if p.copy_credit > 0.0]
+    assert set(reasons) <= {"choice", "busy"}  # one speed: a sole holder, then busy holders
+    for reason in ("choice", "busy"):
+        assert (registry.get_sample_value("inference_extension_prefix_copies_total", {"reason": reason})
+                or 0.0) == reasons.count(reason)
     assert registry.get_sample_value("inference_extension_prefix_copy_credit_seconds_total") == pytest.approx(
         sum(p.copy_credit for _, p in with_credit))
 
@@ -703,6 +705,23 @@ def test_prefix_rates_count_reuse_and_stay_bounded() -> None:
     for key in range(2, 7):
         rates.hit(key, 200.0)
     assert len(rates) == 4 and rates.hit(1, 201.0) == 0.0  # the least recently seen went first
+
+
+def test_prefix_rates_average_the_holders_excess_over_the_keys_requests() -> None:
+    rates = PrefixRates(10.0)
+    assert rates.excess(1) == 0.0  # nothing known
+    rates.hit(1, 0.0)
+    rates.record_excess(1, 0.04)
+    assert rates.excess(1) == pytest.approx(0.04)
+    for i in range(1, 10):  # an idle holder since: the average falls
+        rates.hit(1, i * 0.5)
+        rates.record_excess(1, 0.0)
+    assert rates.excess(1) == pytest.approx(0.004, rel=0.3)
+    rates.hit(1, 1_000.0)  # long ago: the old samples weigh nothing beside a new one
+    rates.record_excess(1, 0.02)
+    assert rates.excess(1) == pytest.approx(0.02)
+    rates.record_excess(2, 1.0)  # a key never hit is not recorded
+    assert rates.excess(2) == 0.0 and len(rates) == 1
 
 
 def test_the_copy_credit_counts_the_prefix_traffic_other_workers_route() -> None:
@@ -976,3 +995,61 @@ def test_request_control_calibrates_the_reported_prediction_per_pod() -> None:
     assert p.ttft == pytest.approx(p.raw_ttft * slow.service.ttft_factor)
     assert p.credited_ttft < p.ttft  # the ranking's prediction is not calibrated
     assert f"uncalibrated={p.raw_ttft * 1e3:.1f}ms" in p.compact()
+
+
+def test_a_reused_prefix_held_by_one_pod_gets_a_second_holder() -> None:
+    """A prefix on one pod gives its requests no choice: they wait for whatever else that pod is
+    doing. A second copy lets each later request take the less busy of two (the big step of the
+    power of two choices), so a copy whose gain, over the requests it would take in one window,
+    pays its premium back is credited in full, as a hit would be (`choice`). With two holders
+    there is a choice already, and a prefix reused too rarely would not pay it back: neither is
+    credited so."""
+    def picks(holders: int, gap: float, busy_from: int = 0, full: bool = False) -> list[Prediction]:
+        store = pool()
+        producer = PredictedLatencyProducer(datastore=store)
+        producer.prefix_producer = SimpleNamespace(name="prefix")  # type: ignore[assignment]
+        endpoints = list(store.endpoints())
+        if full:  # the last pod: its KV cache full, with a queue
+            endpoints[-1].update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000,
+                                                         kv_cache_usage=0.95, waiting_queue_size=2,
+                                                         update_time=99.99))
+        match = PrefixMatch(total=450, block_size_tokens=16, hashes=list(range(450)),
+                            matched={ep.address: 375 for ep in endpoints[:holders]})
+        chars = int(7_200 * store.models.get("m").chars_per_token)
+        cycle = CycleState()
+        waiting: list[Outstanding] = []
+        for i in range(6):  # the document's questions, `gap` seconds apart
+            now = 100.0 + gap * i
+            store.clock = lambda at=now: at
+            for ep, item in zip(endpoints, waiting):  # the last prompt there decodes now,
+                ep.load.first_byte(item, now)
+            busy = endpoints[:holders] if i >= busy_from else []
+            waiting = [Outstanding(400, 0, 100, now, predicted_ttft=0.05) for _ in busy]
+            for ep, item in zip(endpoints, waiting):  # and another one is queued: the holders stay busy
+                ep.load.add(item, now)
+            cycle = CycleState()
+            cycle.data["prefix"] = match
+            producer.prepare(cycle, request("x" * chars), endpoints)
+        return [cycle.predictions[ep.address] for ep in endpoints]
+
+    one = picks(1, gap=0.3)
+    premium = one[1].prefill_work_seconds - PredictedLatencyProducer._own_prefill_seconds(
+        pool().endpoints()[1], one[0].own_prefill, one[0].cached_tokens)
+    assert one[0].copy_credit == 0.0  # the holder is never credited
+    assert all(p.copy_reason == "choice" and p.copy_credit == pytest.approx(premium) for p in one[1:])
+    assert min(one, key=lambda p: p.cost) is not one[0]  # the next question makes the second copy
+    two = picks(2, gap=0.3)
+    assert not any(p.copy_reason == "choice" for p in two)
+    assert min(two, key=lambda p: p.cost) in two[:2]
+    rare = picks(1, gap=60.0)
+    assert not any(p.copy_reason == "choice" for p in rare)
+    assert min(rare, key=lambda p: p.cost) is rare[0]
+    # The holder's excess is averaged over the prefix's requests: a moment's queue is no reason
+    # (at 100 pods under KV pressure such copies, cold requests all, doubled the TTFT p99).
+    moment = picks(1, gap=0.3, busy_from=5)
+    assert moment[0].cost > one[1].cost + 0.02  # its holder is busy now (one[1]: an idle pod, credited as a hit)
+    assert not any(p.copy_reason == "choice" for p in moment)
+    # A pod full with a queue: the pool has no prefill to spare for a copy that only shortens tails
+    # (on the overloads of the mixed pools such copies put the TTFT p99 1.46x up).
+    busy = picks(1, gap=0.3, full=True)
+    assert not any(p.copy_reason == "choice" for p in busy)

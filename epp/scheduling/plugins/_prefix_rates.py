@@ -12,6 +12,10 @@ document's second request a moment after its first is no evidence that it is ask
 times a second, and in a warming pool that reading made copies of long documents nobody needed
 (BENCHMARKS.md). The first request of a key is no evidence of reuse and is not counted. Bounded:
 the least recently seen keys go first.
+
+Beside the rate, the excess of a prefix's sole holder over the best other pod, averaged over the
+key's requests with the rate's weights: a holder busier on average, not for a moment, is what
+earns a prefix a second copy (`_credit_copies`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ class PrefixRates:
     __slots__ = ("_entries", "_capacity", "_window")
 
     def __init__(self, window: float, capacity: int = 8192) -> None:
-        self._entries: OrderedDict[int, list[float]] = OrderedDict()  # key -> [average, at, born]
+        # key -> [average, at, born, excess, weight]: the rate's average, when it was last decayed,
+        # the first request; the excess samples' decayed sum and their weights'.
+        self._entries: OrderedDict[int, list[float]] = OrderedDict()
         self._capacity = capacity
         self._window = window
 
@@ -37,13 +43,28 @@ class PrefixRates:
         """Count a request sharing `key` at `now`; its rate of reuse so far (0 for a new key)."""
         entry = self._entries.get(key)
         if entry is None:
-            self._entries[key] = [0.0, now, now]
+            self._entries[key] = [0.0, now, now, 0.0, 0.0]
             if len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)
             return 0.0
         self._entries.move_to_end(key)
-        average, at, born = entry
+        average, at, born, excess, weight = entry
         window = self._window
-        average = average * math.exp(-max(0.0, now - at) / window) + 1.0 / window
-        entry[0], entry[1] = average, now
+        decay = math.exp(-max(0.0, now - at) / window)
+        average = average * decay + 1.0 / window
+        entry[0], entry[1], entry[3], entry[4] = average, now, excess * decay, weight * decay
         return average / coverage(born, now, window) if now > born else 0.0  # a burst: no rate yet
+
+    def excess(self, key: int) -> float:
+        """The holders' excess over the best other pod, averaged over the key's recent requests
+        (`record_excess`, weighted as the rate is); 0 before any."""
+        entry = self._entries.get(key)
+        return entry[3] / entry[4] if entry is not None and entry[4] > 0.0 else 0.0
+
+    def record_excess(self, key: int, seconds: float) -> None:
+        """One request's sample of how much more its prefix's holders cost than the best other pod
+        would with the prefix (0 when a holder is the cheapest), at the time of its `hit`."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry[3] += seconds
+            entry[4] += 1.0
