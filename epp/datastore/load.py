@@ -34,17 +34,17 @@ _LATE_FACTOR = 0.5  # a first byte this share of its prefill's time late makes i
 _LATE_MIN = 0.02  # seconds
 _STALLED_MAX = 256  # stalled requests remembered per endpoint (the oldest matter)
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
-_MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
+MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
 _BUSY_ALPHA = 0.1  # weight of the newest interval in `EndpointLoad.busy_interval`
 
 
 def coverage(since: float, now: float, window: float = RATE_WINDOW) -> float:
     """The share of an exponential average's `window` that has history: an average that started
     at zero at `since` (-1: not started) reads low by this factor until a window has passed.
-    At least `_MIN_HISTORY` seconds are assumed, so the first few events do not read as a burst."""
+    At least `MIN_HISTORY` seconds are assumed, so the first few events do not read as a burst."""
     if since < 0.0:
         return 1.0
-    return -math.expm1(-max(_MIN_HISTORY, now - since) / window)
+    return -math.expm1(-max(MIN_HISTORY, now - since) / window)
 
 
 ENDING_UNIT = 1 << 24  # fixed point of `EndpointLoad.decode_ending` (integers sum exactly, back to zero)

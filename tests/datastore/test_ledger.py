@@ -8,7 +8,7 @@ import random
 import pytest
 
 from epp.datastore import EndpointLoad, Outstanding
-from epp.datastore.load import _MIN_HISTORY, coverage, ending_weight
+from epp.datastore.load import MIN_HISTORY, coverage, ending_weight
 
 
 def item(prompt: int = 1000, cached: int = 0, output: int = 100, at: float = 0.0, ttft: float = 0.1,
@@ -110,9 +110,9 @@ def test_integrals_and_pick_rate() -> None:
     load.settle(1.1)
     assert load.decode_integral == pytest.approx(1.0)  # one decoding request for one second
     assert load.context_integral == pytest.approx(a.mean_context)
-    # One pick in a 10-second window, read as if from at least `_MIN_HISTORY` seconds of history.
+    # One pick in a 10-second window, read as if from at least `MIN_HISTORY` seconds of history.
     assert load.decayed_rates(0.0)[0] == pytest.approx(0.1)
-    assert load.rate_at(0.0) == pytest.approx(0.1 / coverage(0.0, _MIN_HISTORY))
+    assert load.rate_at(0.0) == pytest.approx(0.1 / coverage(0.0, MIN_HISTORY))
     assert load.rate_at(10.0) < load.rate_at(1.0)
 
 

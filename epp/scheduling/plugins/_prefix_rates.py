@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-from epp.datastore.load import coverage
+from epp.datastore.load import MIN_HISTORY, coverage
 
 
 class PrefixRates:
@@ -61,10 +61,13 @@ class PrefixRates:
         entry = self._entries.get(key)
         return entry[3] / entry[4] if entry is not None and entry[4] > 0.0 else 0.0
 
-    def record_excess(self, key: int, seconds: float) -> None:
+    def record_excess(self, key: int, seconds: float, now: float) -> None:
         """One request's sample of how much more its prefix's holders cost than the best other pod
-        would with the prefix (0 when a holder is the cheapest), at the time of its `hit`."""
+        would with the prefix (0 when a holder is the cheapest), at the time of its `hit`. Not in
+        the key's first `MIN_HISTORY` seconds: its holder is then still computing the prefix for
+        the first time, an excess that passes (with it, a warming pool made cold copies of long
+        documents: TTFT p90 142 -> 318 ms on 8 H100 + 4 A100; BENCHMARKS.md)."""
         entry = self._entries.get(key)
-        if entry is not None:
+        if entry is not None and now - entry[2] >= MIN_HISTORY:
             entry[3] += seconds
             entry[4] += 1.0

@@ -252,8 +252,9 @@ class PredictedLatencyProducer(DataProducer):
         whatever else that pod is doing. A second copy lets each later request take the less busy
         of two, the big step of the power of two choices (on 100 pods of the B2B overload shape,
         the documents left on one pod held 40% of the TTFT tail, p90 102 ms against 75 for those
-        on two). The sole holder's excess is averaged over the prefix's requests (a moment's queue
-        is no reason: on KV pressure such copies, cold requests every one, doubled the p99); if
+        on two). The sole holder's excess is averaged over the prefix's requests after its first
+        seconds (a moment's queue is no reason: on KV pressure such copies, cold requests every
+        one, doubled the p99; nor the holder's first prefill of it, in a warming pool); if
         that excess, over the requests the copy would take in one window, pays the premium back,
         the copy ranks as a hit would, as a faster pod's does. Only while the pool has `room` (no
         candidate full with a queue): a second copy is prefill spent for shorter tails, which an
@@ -325,7 +326,7 @@ class PredictedLatencyProducer(DataProducer):
             p.cost -= credit
             p.copy_credit, p.copy_reason = credit, reason
         if sole:
-            self._prefix_rates.record_excess(key, excess)
+            self._prefix_rates.record_excess(key, excess, now)
 
     @staticmethod
     def _rank_saturated(found: list[Prediction]) -> None:
