@@ -254,7 +254,7 @@ class PredictedLatencyProducer(DataProducer):
         the documents left on one pod held 40% of the TTFT tail, p90 102 ms against 75 for those
         on two). The sole holder's excess is averaged over the prefix's requests after its first
         seconds (a moment's queue is no reason: on KV pressure such copies, cold requests every
-        one, doubled the p99; nor the holder's first prefill of it, in a warming pool); if
+        one, put the p99 1.7x up; nor the holder's first prefill of it, in a warming pool); if
         that excess, over the requests the copy would take in one window, pays the premium back,
         the copy ranks as a hit would, as a faster pod's does. Only while the pool has `room` (no
         candidate full with a queue): a second copy is prefill spent for shorter tails, which an
