@@ -56,7 +56,7 @@ class PrefixRates:
         return average / coverage(born, now, window) if now > born else 0.0  # a burst: no rate yet
 
     def excess(self, key: int) -> float:
-        """The holders' excess over the best other pod, averaged over the key's recent requests
+        """The sole holder's excess over the best other pod, averaged over the key's recent requests
         (`record_excess`, weighted as the rate is); 0 before any."""
         entry = self._entries.get(key)
         return entry[3] / entry[4] if entry is not None and entry[4] > 0.0 else 0.0

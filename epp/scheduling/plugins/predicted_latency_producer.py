@@ -279,8 +279,9 @@ class PredictedLatencyProducer(DataProducer):
         pool_rate = sum(ep.load.rate_at(now) for ep in endpoints)
         if own_rate > 0.0 and pool_rate > own_rate:
             rate *= pool_rate / own_rate
-        per_copy = rate / (sum(held) + 1)
-        sole = sum(held) == 1
+        holders = sum(held)
+        per_copy = rate / (holders + 1)
+        sole = holders == 1
         persistent = self._prefix_rates.excess(key) if sole and room else 0.0  # the sole holder's, on average
         excess = 0.0  # this request's sample of it: over the best candidate with room
         suffix, cached = best.own_prefill, best.cached_tokens
