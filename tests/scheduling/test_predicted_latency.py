@@ -108,6 +108,27 @@ def test_a_full_batch_waits_for_a_slot() -> None:
     assert p["10.0.0.1:8000"].wait_seconds > 0.1 and p["10.0.0.2:8000"].wait_seconds == 0.0
 
 
+def test_a_pod_yet_to_show_its_batch_limit_is_held_to_the_one_its_pool_showed() -> None:
+    """vLLM does not export max_num_seqs; each pod's scrapes reveal it (`BatchLimit`). Until a pod's
+    own do, it is assumed to run the smallest limit another candidate has shown: else the pods
+    that showed theirs look full and the one that has not draws every request."""
+    store = pool()
+    learned, unknown, idle, _ = store.endpoints()
+    for ep in (learned, unknown):
+        for _ in range(8):
+            item = Outstanding(100, 0, 200, 100.0, predicted_ttft=0.0)
+            ep.load.add(item, 100.0)
+            ep.load.first_byte(item, 100.0)
+    for t in range(4):  # requests waiting at its most running, the engine stepping each time
+        learned.batch_limit.observe(8, 2, 0.2 + t * 0.01, 0, 8192)
+    assert learned.batch_limit.taken and not unknown.batch_limit.taken
+    p = predictions(store, request("q" * 400))
+    assert p[unknown.address].wait_seconds > 0.05 and p[idle.address].wait_seconds == 0.0
+    assert p[unknown.address].wait_seconds == pytest.approx(p[learned.address].wait_seconds)
+    unknown.batch_limit.observe(9, 0, 0.5, 0, 8192)  # a pod seen running more is not held to it
+    assert predictions(store, request("q" * 400))[unknown.address].wait_seconds == 0.0
+
+
 def test_a_lora_adapter_without_a_free_slot_waits_for_one() -> None:
     store = pool(models=frozenset({"base"}), active_models=frozenset({"a", "b"}), max_active_models=2,
                  running_requests=4)

@@ -83,4 +83,5 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
     arrivals = rng.choice([0.0, rng.uniform(0.0, 50.0)])
     fast = producer.predict_all(endpoints, match, prompt, output, now, stats, "src", arrivals, model)
     for ep, got in zip(endpoints, fast):
-        assert got == producer._predict(ep, match, prompt, output, now, stats, "src", arrivals, model), ep.name
+        assert got == producer._predict(ep, match, prompt, output, now, stats, "src", arrivals, model,
+                                        producer.assumed_batch_limit(endpoints)), ep.name

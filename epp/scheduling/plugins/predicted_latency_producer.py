@@ -417,7 +417,7 @@ class PredictedLatencyProducer(DataProducer):
         half_output = output * 0.5
         prompt_context = prompt + half_output
         learn = self.learn
-        configured_seqs = self.prior.max_num_seqs
+        configured_seqs = self.assumed_batch_limit(endpoints)
         exp = math.exp
         if match is not None:
             per_block = match.tokens_per_block or match.block_size_tokens
@@ -469,7 +469,8 @@ class PredictedLatencyProducer(DataProducer):
             if decoding > 0.0:
                 ending_output = running_output / decoding  # of the requests running there
                 if load.requests + unexplained >= ep.batch_limit.limit(configured_seqs):
-                    slot_kv_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
+                    slot_kv_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained,
+                                                   configured_seqs)
                 m = metrics
                 if m.cache_num_blocks * m.cache_block_size > 0:
                     slot_kv_wait += self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding,
@@ -532,8 +533,10 @@ class PredictedLatencyProducer(DataProducer):
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
-                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "") -> Prediction:
-        """The prediction for one candidate, term by term (what `predict_all` computes faster)."""
+                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
+                 assumed_seqs: int = 0) -> Prediction:
+        """The prediction for one candidate, term by term (what `predict_all` computes faster);
+        `assumed_seqs`: `assumed_batch_limit` of the candidates (0: the configured limit)."""
         load, service, metrics = ep.load, ep.service, ep.metrics
         mean_output = stats.mean_output_tokens
         prior = service.prior
@@ -560,7 +563,8 @@ class PredictedLatencyProducer(DataProducer):
             queued += (metrics.waiting_queue_size - load.pending_at_scrape) * stats.mean_prompt_tokens
         pairs = load.prefill_pairs + own * (cached + own * 0.5)
         estimate = service.ttft(queued + own, pairs, decoding, context)
-        slot_kv_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained)
+        slot_kv_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained,
+                                       assumed_seqs or self.prior.max_num_seqs)
         slot_kv_wait += self._kv_wait(ep, own, load.unallocated(queued), estimate.seconds, decoding, context,
                                       ending_output)
         wait = slot_kv_wait + self._adapter_wait(ep, model, decoding, context, mean_output)
@@ -704,11 +708,22 @@ class PredictedLatencyProducer(DataProducer):
         remaining = max(1.0, mean_output * 0.5)
         return decoding / (remaining * max(service_step, 1e-6))
 
+    def assumed_batch_limit(self, endpoints: list[Endpoint]) -> int:
+        """The batch limit of a candidate whose own scrapes have not shown one yet: the smallest
+        that another candidate's have (the pods of a pool run one engine configuration), else
+        `maxNumSeqs`. Learned pod by pod, the pods that had shown their limit looked full and the
+        one that had not drew every request until it ran twice its slots (`bench.routing hol`'s
+        pods, `max_num_seqs` 8: TTFT p99 3x the oracle's, BENCHMARKS.md). A pod that runs more
+        than that is not held to it (`BatchLimit.limit`)."""
+        shown = [ep.batch_limit.most_running for ep in endpoints if ep.batch_limit.taken]
+        return min(self.prior.max_num_seqs, min(shown)) if shown else self.prior.max_num_seqs
+
     def _slot_wait(self, ep: Endpoint, decoding: float, context: float, output: int, mean_output: float,
-                   unexplained: int) -> float:
-        """Seconds until a batch slot frees when the pod already runs `maxNumSeqs` requests."""
+                   unexplained: int, assumed_seqs: int) -> float:
+        """Seconds until a batch slot frees when the pod already runs its batch limit of requests
+        (its own, else `assumed_seqs`)."""
         running = ep.load.requests + unexplained
-        limit = ep.batch_limit.limit(self.prior.max_num_seqs)
+        limit = ep.batch_limit.limit(assumed_seqs)
         if running < limit or decoding <= 0.0:
             return 0.0
         step = ep.service.step_seconds(decoding, context)
