@@ -30,13 +30,15 @@ class Arm:
     kind: str  # "epp" | "envoy-rr" | "sglang" | "vllm"
     policy: str = ""
     epp_config: str = ""  # file under bench/configs/ ("" = the EPP's built-in default)
-    response_body_mode: str = "FULL_DUPLEX_STREAMED"
+    response_body_mode: str = "NONE"  # this project's Envoy config; FULL_DUPLEX_STREAMED: the reference's
     note: str = ""
 
 
 ARMS: dict[str, Arm] = {a.name: a for a in (
-    Arm("epp", "epp", note="Envoy + EPP, default config (predicted latency), response bodies through the EPP "
-                           "(reference setup)"),
+    Arm("epp", "epp", note="Envoy + EPP, default config (predicted latency), the Envoy config this project ships "
+                           "(responses reported to an observer filter, never waiting on the EPP)"),
+    Arm("epp-streamed", "epp", response_body_mode="FULL_DUPLEX_STREAMED",
+        note="Envoy + EPP, default config, the reference's Envoy config (every response chunk through the EPP)"),
     Arm("epp-weighted", "epp", epp_config="weighted.yaml",
         note="Envoy + EPP with the 'weighted' preset (the previous default)"),
     Arm("epp-reference", "epp", epp_config="reference-default.yaml",

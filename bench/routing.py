@@ -58,7 +58,9 @@ SCENARIOS: dict[str, Scenario] = {
         PodSpec(num_gpu_blocks=1200, max_num_seqs=12, time_scale=1.0),
         rates=[12.0, 24.0, 32.0],
         arms=["epp", "epp-weighted", "envoy-rr", *PEERS_PREFIX],
-        duration=10.0, warmup=3.0,
+        # 30 s: the chats reach their 6 kept turns (a user speaks every 48 / rate seconds) and
+        # their histories fill the pods' KV, the steady state the scenario describes.
+        duration=30.0, warmup=3.0,
         quick_arms=["epp", "epp-weighted", "envoy-rr", "sglang-cache_aware", "vllm-cache_aware"]),
     "balance": Scenario(
         "balance", "Load balancing: independent prompts of varied length",
@@ -72,7 +74,7 @@ SCENARIOS: dict[str, Scenario] = {
         PodSpec(num_gpu_blocks=2000, max_num_seqs=8, time_scale=1.0),
         rates=[8.0, 14.0, 20.0],
         arms=["epp", "epp-weighted", "envoy-rr", "sglang-cache_aware", "vllm-power_of_two"],
-        duration=10.0, warmup=3.0,
+        duration=30.0, warmup=3.0,  # several lifetimes of a long generation (5-10 s)
         quick_arms=["epp", "epp-weighted", "envoy-rr", "sglang-cache_aware"]),
 }
 
