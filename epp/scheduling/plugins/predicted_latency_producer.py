@@ -417,7 +417,7 @@ class PredictedLatencyProducer(DataProducer):
         half_output = output * 0.5
         prompt_context = prompt + half_output
         learn = self.learn
-        configured_seqs = self.assumed_batch_limit(endpoints)
+        assumed_seqs = self.assumed_batch_limit(endpoints)
         exp = math.exp
         if match is not None:
             per_block = match.tokens_per_block or match.block_size_tokens
@@ -468,9 +468,9 @@ class PredictedLatencyProducer(DataProducer):
             wait = slot_kv_wait = 0.0
             if decoding > 0.0:
                 ending_output = running_output / decoding  # of the requests running there
-                if load.requests + unexplained >= ep.batch_limit.limit(configured_seqs):
+                if load.requests + unexplained >= ep.batch_limit.limit(assumed_seqs):
                     slot_kv_wait = self._slot_wait(ep, decoding, context, output, ending_output, unexplained,
-                                                   configured_seqs)
+                                                   assumed_seqs)
                 m = metrics
                 if m.cache_num_blocks * m.cache_block_size > 0:
                     slot_kv_wait += self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding,
