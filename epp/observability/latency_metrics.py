@@ -21,9 +21,13 @@ ledger hold?
   showed a full KV cache and a queue — the pool past its capacity — ranked for its throughput
   (prefixes kept on the pods that still hold them). Rising: add pods, or shed load.
 - `inference_extension_ttft_bounded_picks_total`: picks where the cheapest candidate was predicted
-  to answer beyond `latency-scorer`'s TTFT bound (`ttftBoundRatio` × the fastest + the slack; off
-  by default), so a faster one was picked: a pool mixing GPU types whose slow pods sit idle while
-  the fast ones are busy.
+  to answer beyond `latency-scorer`'s TTFT bound (`ttftBoundRatio` × the fastest + the slack), so
+  a faster one was picked: a pool mixing GPU types whose slow pods sit idle while the fast ones
+  are busy.
+- `inference_extension_cold_prompt_reuse_ratio`: of the pool's recent cold prompts, the share a
+  later request asked for again (documents, conversations: near 1; unrelated API calls: near 0).
+  The TTFT bound applies only below `ttftBoundMaxReuse` (0.5): where a cold prompt lands, its
+  reuses follow.
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -133,6 +137,12 @@ class LatencyMetrics:
                                "Picks the latency scorer's TTFT bound made: the cheapest candidate was "
                                "predicted to answer beyond the bound (ratio x the fastest + slack), so the "
                                "pick was the cheapest within it.", registry=registry)
+        self.reused = Gauge("inference_extension_cold_prompt_reuse_ratio",
+                            "Of the pool's recent cold prompts (no endpoint held a quarter of them), the "
+                            "share a later request asked for again; the latency scorer's TTFT bound applies "
+                            "below ttftBoundMaxReuse (default 0.5). 1 until the first ones resolve.",
+                            registry=registry)
+        self.reused.set(1.0)
         registry.register(LedgerCollector(datastore))
 
     def ttft_predicted(self, predicted: float, observed: float) -> None:

@@ -368,6 +368,9 @@ class EppMetrics:
     def ttft_bounded_pick(self, request: InferenceRequest) -> None:
         self.latency.ttft_bounded_pick()
 
+    def cold_prompts_reused(self, request: InferenceRequest, share: float) -> None:
+        self.latency.reused.set(share)
+
     def plugin_timed(self, extension_point: str, plugin: Plugin, seconds: float) -> None:
         self._children["plugin_duration"]((extension_point, plugin.type, plugin.name)).observe(seconds)
 

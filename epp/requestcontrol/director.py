@@ -271,6 +271,7 @@ class Director:
                     self.metrics.saturated_pick(request)
                 if prediction.ttft_bounded:
                     self.metrics.ttft_bounded_pick(request)
+                self.metrics.cold_prompts_reused(request, prediction.cold_prompts_reused)
         else:
             load.add(item, now)
         return item

@@ -51,3 +51,7 @@ class RequestMetricsSink(Protocol):
     def ttft_bounded_pick(self, request: InferenceRequest) -> None:
         """The cheapest candidate was predicted to answer far later than the fastest (beyond
         `latency-scorer`'s TTFT bound), so the pick was made among those within it."""
+
+    def cold_prompts_reused(self, request: InferenceRequest, share: float) -> None:
+        """At this pick, the share of the pool's recent cold prompts asked for again (the TTFT
+        bound's gate)."""

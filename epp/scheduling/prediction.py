@@ -43,6 +43,9 @@ class Prediction:
     # out of the ranking; and, on those kept, that the cheapest was left out (the bound made the pick).
     beyond_bound: float = 0.0
     ttft_bounded: bool = False
+    # The share of the pool's recent cold prompts that a later request asked for again
+    # (`ColdReuse`): the TTFT bound stays out at or above its `ttftBoundMaxReuse`.
+    cold_prompts_reused: float = 1.0
     # Of `cached_tokens`, those the pod is expected to compute again first (its requests in
     # flight pin more prefixes than its cache holds), and the queued ones' likewise: `ttft`
     # counts them; `credited_ttft` is the prediction with the whole credit, which `cost` and the

@@ -19,6 +19,7 @@ from epp.errors import EppError
 from epp.observability.metrics import EppMetrics
 from epp.observability.trace import DecisionRecord
 from epp.scheduling.framework import CycleState
+from epp.scheduling.plugins._cold_reuse import ColdReuse
 from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins.latency_scorer import LatencyScorer
 from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
@@ -162,15 +163,15 @@ def test_the_scorer_ranks_on_cost_and_breaks_ties_by_work() -> None:
 
 def test_the_scorer_does_not_trade_a_requests_ttft_beyond_the_bound() -> None:
     """The cheapest pick by cost can be a slow idle pod that makes this request wait 2-3x the
-    fastest one's time: the bound (here 1.5x the fastest + 20 ms; off by default) keeps the pick
-    among those predicted to answer within it, cheapest first, and says so."""
+    fastest one's time: the bound (1.5x the fastest + 20 ms; here whatever the pool's cold prompts
+    do) keeps the pick among those predicted to answer within it, cheapest first, and says so."""
     def pred(ttft: float, cost: float) -> Prediction:
         return Prediction(ttft=ttft, cost=cost, queued_prefill=0, own_prefill=4000, cached_tokens=0,
                           prompt_tokens=4000, output_tokens=200, prefill_seconds=ttft, wait_seconds=0.0, itl=0.01,
                           work_seconds=ttft)
 
     def bounded() -> LatencyScorer:
-        return LatencyScorer(ttft_bound_ratio=1.5)
+        return LatencyScorer(ttft_bound_ratio=1.5, ttft_bound_max_reuse=1.0)
 
     store = pool()
     eps = list(store.endpoints())
@@ -189,10 +190,22 @@ def test_the_scorer_does_not_trade_a_requests_ttft_beyond_the_bound() -> None:
     assert found[2].beyond_bound == pytest.approx(0.28 - (0.12 * 1.5 + 0.02))
     assert found[0].ttft_bounded and found[1].ttft_bounded and not found[2].ttft_bounded
     assert "beyond_bound=80.0ms" in found[2].compact() and ",bounded" in found[0].compact()
-    # a wider bound lets the cheapest through; the default (0) turns it off
-    for scorer in (LatencyScorer(ttft_bound_ratio=2.5), LatencyScorer()):
+    # a wider bound lets the cheapest through; 0 turns it off; by default it waits for the pool
+    # to show that its cold prompts are not asked for again (here: no evidence)
+    for scorer in (LatencyScorer(ttft_bound_ratio=2.5, ttft_bound_max_reuse=1.0),
+                   LatencyScorer(ttft_bound_ratio=0.0, ttft_bound_max_reuse=1.0), LatencyScorer()):
         scores, found = ranked(scorer, *pairs)
         assert max(range(4), key=scores.__getitem__) == 2 and not any(p.beyond_bound for p in found)
+    # the default bounds a cold prompt once the pool's cold prompts are mostly not asked for again
+    cycle = CycleState()
+    found = [pred(t, c) for t, c in pairs]
+    for p in found:
+        p.cold_prompts_reused = 0.2
+    cycle.predictions = {ep.address: p for ep, p in zip(eps, found)}
+    assert max(range(4), key=LatencyScorer().score(cycle, request("x"), eps).__getitem__) == 0
+    # and not a prompt a pod holds a quarter of (there, by cost: the first turn of a chat, say)
+    found[3].cached_tokens = 1000
+    assert max(range(4), key=LatencyScorer().score(cycle, request("x"), eps).__getitem__) == 2
     # beyond it but clearly cheaper (it saves the others more than twice what this request loses:
     # a long generation kept off a busy pod, a prefix not evicted), a candidate stays
     scores, found = ranked(bounded(), (0.12, 0.55), (0.15, 0.60), (0.28, 0.30), (0.30, 0.41))
@@ -224,8 +237,11 @@ def test_a_long_cold_prompt_is_not_sent_to_a_slow_idle_pod_to_spare_the_busy_fas
     """A pool mixing GPU types: the fast pods are busy, the slow ones idle. By cost, a long cold
     prompt belongs on a slow pod (there its prefill and decode delay fewer requests), where it
     would wait 2.4x what a fast pod gives it. Through the real director, the bound keeps it on a
-    fast pod and SREs see why; with the bound off (the default), it goes to the slow pod."""
-    def route(parameters: str) -> tuple[str, dict[str, Prediction], EppMetrics, object]:
+    fast pod and SREs see why, once the pool has shown that its cold prompts are not asked for
+    again (unrelated API calls); while they are (a document's first request, whose later ones
+    follow it by cache affinity), or with the bound off, it goes to the slow pod."""
+    def route(parameters: str, cold_prompts_reused: float | None = None
+              ) -> tuple[str, dict[str, Prediction], EppMetrics, object]:
         store = pool()
         endpoints = list(store.endpoints())
         for ep in endpoints[2:]:  # A100s beside H100s, as learned
@@ -236,24 +252,63 @@ def test_a_long_cold_prompt_is_not_sent_to_a_slow_idle_pod_to_spare_the_busy_fas
             load.pick_rate = 20.0
             load.rates_at, load.rates_since = 100.0, 0.0
         core = build_core(store, with_parameters("latency-scorer", parameters), tick=0.05, seed=1)
+        if cold_prompts_reused is not None:
+            producer = next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
+            producer.cold_reuse.share = cold_prompts_reused
         metrics = EppMetrics(store)
         core.director.metrics = metrics
         decision, _ = asyncio.run(core.director.handle_request(request("q " * 4000, max_tokens=300)))
         return decision.targets[0].address, decision.result.cycle.predictions, metrics, decision.result
 
     fast = {"10.0.0.1:8000", "10.0.0.2:8000"}
-    unbounded, found, _, _ = route("{}")  # the default: off
-    assert unbounded not in fast
-    assert found[unbounded].cost < min(found[a].cost for a in fast)
-    assert found[unbounded].ttft > 2.0 * max(found[a].ttft for a in fast)
-    picked, found, metrics, result = route("{ttftBoundRatio: 1.5}")
-    assert picked in fast and found[picked].ttft_bounded
+    for parameters, reused in (("{}", None), ("{}", 0.9), ("{ttftBoundRatio: 0}", 0.0)):
+        unbounded, found, _, _ = route(parameters, reused)
+        assert unbounded not in fast
+        assert found[unbounded].cost < min(found[a].cost for a in fast)
+        assert found[unbounded].ttft > 2.0 * max(found[a].ttft for a in fast)
+    for parameters, reused in (("{}", 0.1), ("{ttftBoundMaxReuse: 1}", None)):
+        picked, found, metrics, result = route(parameters, reused)
+        assert picked in fast and found[picked].ttft_bounded
     slow = next(a for a in found if a not in fast)
     assert found[slow].beyond_bound == pytest.approx(found[slow].ttft - (1.5 * found[picked].ttft + 0.02))
     record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=result)  # type: ignore[arg-type]
     rows = {row["address"]: row for row in record.predictions()}
     assert rows[slow]["beyond_bound_ms"] > 0 and rows[picked]["ttft_bounded"]
     assert metrics.registry.get_sample_value("inference_extension_ttft_bounded_picks_total") == 1.0
+    _, _, metrics, _ = route("{}", 0.1)
+    assert metrics.registry.get_sample_value("inference_extension_cold_prompt_reuse_ratio") == pytest.approx(0.1)
+
+
+def test_the_share_of_cold_prompts_asked_for_again_is_learned_from_the_block_keys() -> None:
+    """`ColdReuse`: a cold prompt is remembered by one key inside its first half; a later request
+    sharing that much of it counts it reused, the window passing first counts it not. Starts at 1
+    (no evidence: the bound stays out), bounded in memory, and blind to short prompts and to
+    prompts a pod already holds."""
+    def prompt(doc: int, blocks: int, tail: int = 0) -> list[int]:
+        return [hash((doc, i)) for i in range(blocks)] + [hash((doc, "q", tail, i)) for i in range(4)]
+
+    documents = ColdReuse(window=10.0, alpha=0.1)
+    for doc in range(40):  # each document's first request is cold, its second (3 s on) shares it
+        documents.observe(prompt(doc, 60), 0, doc * 1.0)
+        documents.observe(prompt(doc, 60, tail=1), 60, doc * 1.0 + 3.0)
+    assert documents.share > 0.9 and documents.resolved >= 30
+
+    unrelated = ColdReuse(window=10.0, alpha=0.1)
+    for i in range(200):  # API calls: every prompt its own, two a second
+        unrelated.observe(prompt(1000 + i, 40), 0, i * 0.5)
+    assert unrelated.share < 0.1 and unrelated.resolved == 200 - len(unrelated)
+    assert len(unrelated) <= 21  # the last window's only
+
+    warm = ColdReuse(window=10.0, alpha=0.1)
+    for i in range(100):  # held by a pod (or too short to matter): never remembered
+        warm.observe(prompt(2000 + i, 40), 30, i * 0.5)
+        warm.observe([hash(("short", i))] * 3, 0, i * 0.5)
+    assert (warm.share, warm.resolved, len(warm)) == (1.0, 0, 0)
+
+    small = ColdReuse(window=1e9, capacity=8, alpha=0.1)
+    for i in range(50):
+        small.observe(prompt(3000 + i, 40), 0, float(i))
+    assert len(small) == 8 and small.resolved == 42 and small.share < 0.1
 
 
 def with_parameters(plugin_type: str, parameters: str) -> str:
@@ -274,11 +329,15 @@ def test_the_ttft_bound_is_a_validated_config_parameter() -> None:
         assert isinstance(plugin, LatencyScorer)
         return plugin
 
-    assert (scorer("{}").ttft_bound_ratio, scorer("{}").ttft_bound_slack) == (0.0, pytest.approx(0.02))
+    default = scorer("{}")
+    assert (default.ttft_bound_ratio, default.ttft_bound_slack, default.ttft_bound_max_reuse) == (
+        1.5, pytest.approx(0.02), 0.5)
+    assert scorer("{ttftBoundMaxReuse: 1}").ttft_bound_max_reuse == 1.0
     wide = scorer("{ttftBoundRatio: 2, ttftBoundSlackMs: 5}")
     assert (wide.ttft_bound_ratio, wide.ttft_bound_slack) == (2.0, pytest.approx(0.005))
     assert scorer("{ttftBoundRatio: 0}").ttft_bound_ratio == 0.0
-    for bad in ("{ttftBoundRatio: 0.5}", "{ttftBoundRatio: -1}", "{ttftBoundSlackMs: -3}", "{ttftBoundRatio: wide}"):
+    for bad in ("{ttftBoundRatio: 0.5}", "{ttftBoundRatio: -1}", "{ttftBoundSlackMs: -3}", "{ttftBoundRatio: wide}",
+                "{ttftBoundMaxReuse: 1.5}", "{ttftBoundMaxReuse: -0.1}"):
         with pytest.raises(Exception, match="ttftBound"):
             scorer(bad)
 

@@ -8,32 +8,35 @@ burst). `tpotWeight` > 0 blends in the predicted inter-token latency the same wa
 `score = (1 - w)·cost part + w·itl part`. Predictions come from `predicted-latency-producer`
 (created with default parameters when none is configured).
 
-**The TTFT bound** (off by default). The cost trades this request's time to first token for the
-others': an idle slow pod can cost less than a busy fast one because the request's prefill and
-decode there delay fewer requests after it. That lowers the mean, but the loss lands whole on one
-request (a long cold prompt sent to a slow pod waits 2-3x what a fast pod would give it) while
-the saving is spread over many. With `ttftBoundRatio` set, a candidate predicted to answer beyond
-the bound (the ratio × the fastest candidate's TTFT + `ttftBoundSlackMs`, on the credited
-predictions the cost is made of) is picked only if it saves the others more than twice what this
-request loses there (its cost lower than the fastest's by more than its TTFT is higher); the
-others score 0. Not bounded: a saturated pool (ranked for its throughput), and a pool whose
-fastest candidate has more prefill queued than this prompt's own (there the TTFTs are queues to
-wait out, which the cost already ranks). Measured (BENCHMARKS.md, ratio 1.5): on 4 H100 + 12
-A100 pods the TTFT p99 of unique long prompts beside busy fast pods fell (mixed traffic 283 ->
-158 ms, long context 883 -> 204 ms, head-of-line 2,814 -> 1,506 ms); on 8 H100 + 8 A100 a shared
-document's first request went to a fast pod and drew its later ones there, and the B2B p99s rose
-587 -> 744 ms (shared context) and 12.3 -> 15.6 s (overload). Hence off by default; for a pool
-of a few fast pods beside many slow ones serving unrelated long prompts.
-`inference_extension_ttft_bounded_picks_total` counts the picks it made; `beyond_bound=` and
+**The TTFT bound.** The cost trades this request's time to first token for the others': an idle
+slow pod can cost less than a busy fast one because the request's prefill and decode there delay
+fewer requests after it. That lowers the mean, but the loss lands whole on one request (a long
+cold prompt sent to a slow pod waits 2-3x what a fast pod would give it) while the saving is
+spread over many. So a candidate predicted to answer beyond the bound (`ttftBoundRatio` × the
+fastest candidate's TTFT + `ttftBoundSlackMs`, on the credited predictions the cost is made of)
+is picked only if it saves the others more than twice what this request loses there (its cost
+lower than the fastest's by more than its TTFT is higher); the others score 0. It applies to a
+cold prompt (no candidate holds a quarter of it) and only while the pool's recent cold prompts
+are mostly not asked for again (`ColdReuse`: the share reused below `ttftBoundMaxReuse`): where
+the first request of a document or conversation lands, its later ones follow by cache affinity,
+and bounded onto the few fast pods a pool's documents pile up there. Not bounded either: a
+saturated pool (ranked for its throughput), and a pool whose fastest candidate has more prefill
+queued than this prompt's own (there the TTFTs are queues to wait out, which the cost ranks).
+Measured (BENCHMARKS.md, 4 H100 + 12 A100 pods, TTFT p99): mixed traffic 262 -> 150 ms,
+head-of-line 4.7 -> 2.9 s, load balancing 13.7 -> 12.1 s, multi-tenant 511 -> 551 ms (the one
+loss). Applied whatever the pool's reuse, it had cost 8 H100 + 8 A100's B2B shared context
+587 -> 744 ms; applied to warm prompts too, the 4:12 head-of-line 4.7 -> 48 s.
+`inference_extension_ttft_bounded_picks_total` counts the picks it made,
+`inference_extension_cold_prompt_reuse_ratio` shows the share it is gated on; `beyond_bound=` and
 `bounded` in `x-epp-decision` show it per candidate.
 
-Parameters: `tpotWeight` (0.0), `tieTolerance` (0.02, relative), `ttftBoundRatio` (0: off; else
-at least 1), `ttftBoundSlackMs` (20).
+Parameters: `tpotWeight` (0.0), `tieTolerance` (0.02, relative), `ttftBoundRatio` (1.5; 0: off;
+else at least 1), `ttftBoundSlackMs` (20), `ttftBoundMaxReuse` (0.5; 1: whatever the reuse).
 
 ```yaml
 plugins:
 - type: latency-scorer
-  parameters: {tpotWeight: 0.0, ttftBoundRatio: 1.5, ttftBoundSlackMs: 20}
+  parameters: {tpotWeight: 0.0, ttftBoundRatio: 1.5, ttftBoundSlackMs: 20, ttftBoundMaxReuse: 0.5}
 schedulingProfiles:
 - name: default
   plugins: [{pluginRef: latency-scorer}]
@@ -63,25 +66,28 @@ class LatencyScorer(Scorer):
     type = "latency-scorer"
 
     def __init__(self, name: str = "", *, tpot_weight: float = 0.0, tie_tolerance: float = 0.02,
-                 ttft_bound_ratio: float = 0.0, ttft_bound_slack: float = 0.02) -> None:
+                 ttft_bound_ratio: float = 1.5, ttft_bound_slack: float = 0.02,
+                 ttft_bound_max_reuse: float = 0.5) -> None:
         super().__init__(name)
         self.tpot_weight = tpot_weight
         self.tie_tolerance = tie_tolerance
         self.ttft_bound_ratio = ttft_bound_ratio
         self.ttft_bound_slack = ttft_bound_slack  # seconds
+        self.ttft_bound_max_reuse = ttft_bound_max_reuse
         self.producer: PredictedLatencyProducer | None = None
 
     @classmethod
     def from_config(cls, name: str, params: Params, ctx: PluginContext) -> LatencyScorer:
         tpot = params.float("tpotWeight", 0.0, min=0.0, max=1.0)
         tolerance = params.float("tieTolerance", 0.02, min=0.0, max=1.0)
-        ratio = params.float("ttftBoundRatio", 0.0, min=0.0, max=100.0)
+        ratio = params.float("ttftBoundRatio", 1.5, min=0.0, max=100.0)
         if 0.0 < ratio < 1.0:
             raise params.error("ttftBoundRatio", f"must be 0 (off) or at least 1, got {ratio}")
         slack_ms = params.float("ttftBoundSlackMs", 20.0, min=0.0, max=60_000.0)
+        max_reuse = params.float("ttftBoundMaxReuse", 0.5, min=0.0, max=1.0)
         params.done()
         return cls(name, tpot_weight=tpot, tie_tolerance=tolerance, ttft_bound_ratio=ratio,
-                   ttft_bound_slack=slack_ms * 1e-3)
+                   ttft_bound_slack=slack_ms * 1e-3, ttft_bound_max_reuse=max_reuse)
 
     def create_missing_producers(self, ctx: PluginContext) -> list[Plugin]:
         for plugin in ctx.plugins.values():
@@ -132,10 +138,15 @@ class LatencyScorer(Scorer):
         evicted), and every candidate when the fastest has more prefill queued than this
         prompt's own (there the TTFTs are the queues' waits, which the cost already ranks).
         Marks the ones left out (`beyond_bound`: seconds past it) and, when the cheapest is among
-        them, `ttft_bounded` on the others: the pick the bound made."""
+        them, `ttft_bounded` on the others: the pick the bound made. Only for a cold prompt, while
+        the pool's cold prompts are mostly not asked for again (the class docstring)."""
         ratio = self.ttft_bound_ratio
         if ratio <= 0.0 or len(found) < 2 or any(p.saturated for p in found):
             return None
+        if self.ttft_bound_max_reuse < 1.0 and found[0].cold_prompts_reused >= self.ttft_bound_max_reuse:
+            return None  # the pool's cold prompts come back: where one lands, its later requests follow
+        if max(p.cached_tokens for p in found) * 4 >= found[0].prompt_tokens:
+            return None  # a pod holds a quarter of it: not a cold prompt
         ttfts = [p.credited_ttft or p.ttft for p in found]
         fastest = min(range(len(found)), key=ttfts.__getitem__)
         best = found[fastest]

@@ -87,6 +87,7 @@ from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
 from epp.datastore.load import ENDING_UNIT, EndpointLoad, coverage
 from epp.params import Params
 from epp.scheduling.framework import CycleState, DataProducer, Plugin
+from epp.scheduling.plugins._cold_reuse import ColdReuse
 from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins._requires import unique_name
 from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
@@ -127,6 +128,8 @@ class PredictedLatencyProducer(DataProducer):
         self.saturated_pool = saturated_pool
         self.drain_charge = drain_charge
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
+        # How often the pool's cold prompts are asked for again (`latency-scorer`'s TTFT bound).
+        self.cold_reuse = ColdReuse(_RATE_WINDOW)
         datastore.subscribe(on_add=self._endpoint_added)
 
     @classmethod
@@ -195,6 +198,8 @@ class PredictedLatencyProducer(DataProducer):
         output = stats.expected_output(request.max_tokens)
         output = max(1, output)
         now = self.datastore.clock()
+        if match is not None and match.hashes:
+            self.cold_reuse.observe(match.hashes, max(match.matched.values(), default=0), now)
         arrivals = self._arrival_rate(now) / max(1, len(endpoints))
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model)
@@ -209,7 +214,9 @@ class PredictedLatencyProducer(DataProducer):
         if match is not None and saturated:
             self._charge_copies(endpoints, found, match)
         predictions = cycle.predictions
+        reused = self.cold_reuse.share
         for ep, prediction in zip(endpoints, found):
+            prediction.cold_prompts_reused = reused
             predictions[ep.address] = prediction
 
     def _arrival_rate(self, now: float) -> float:
