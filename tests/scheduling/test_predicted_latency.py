@@ -223,6 +223,14 @@ def test_the_scorer_does_not_trade_a_requests_ttft_beyond_the_bound() -> None:
     # a candidate beyond the bound that was not the cheapest: marked, but the bound made no pick
     scores, found = ranked(bounded(), (0.12, 0.40), (0.15, 0.60), (0.28, 0.50), (0.13, 0.45))
     assert scores[2] == 0.0 and found[2].beyond_bound > 0 and not any(p.ttft_bounded for p in found)
+    # beyond it because of a wait for a batch slot or KV blocks (a long generation's best pod is
+    # full): a queue, which the cost ranks; kept
+    cycle = CycleState()
+    found = [pred(t, c) for t, c in pairs]
+    found[2].wait_seconds = 0.2
+    cycle.predictions = {ep.address: p for ep, p in zip(eps, found)}
+    scores = bounded().score(cycle, request("x"), eps)
+    assert max(range(4), key=scores.__getitem__) == 2 and scores[3] == 0.0
     # a saturated pool is ranked for its throughput, unbounded
     cycle = CycleState()
     found = [pred(t, c) for t, c in pairs]

@@ -20,8 +20,9 @@ cold prompt (no candidate holds a quarter of it) and only while the pool's recen
 are mostly not asked for again (`ColdReuse`: the share reused below `ttftBoundMaxReuse`): where
 the first request of a document or conversation lands, its later ones follow by cache affinity,
 and bounded onto the few fast pods a pool's documents pile up there. Not bounded either: a
-saturated pool (ranked for its throughput), and a pool whose fastest candidate has more prefill
-queued than this prompt's own (there the TTFTs are queues to wait out, which the cost ranks).
+saturated pool (ranked for its throughput), a candidate whose TTFT is mostly a wait for a batch
+slot or KV blocks, and a pool whose fastest candidate has more prefill queued than this prompt's
+own (there the TTFTs are queues to wait out, which the cost ranks).
 Measured (BENCHMARKS.md, 4 H100 + 12 A100 pods, TTFT p99): mixed traffic 262 -> 150 ms,
 head-of-line 4.7 -> 2.9 s, load balancing 13.7 -> 12.1 s, multi-tenant 511 -> 551 ms (the one
 loss). Applied whatever the pool's reuse, it had cost 8 H100 + 8 A100's B2B shared context
@@ -135,8 +136,11 @@ class LatencyScorer(Scorer):
         candidate's TTFT × the ratio + the slack) whose cost is not lower than the fastest's by
         more than its TTFT is higher: it saves the others less than twice what this request
         loses. Kept: one clearly cheaper (a long generation spread off a busy pod, a prefix not
-        evicted), and every candidate when the fastest has more prefill queued than this
-        prompt's own (there the TTFTs are the queues' waits, which the cost already ranks).
+        evicted), one whose TTFT is mostly a wait for a batch slot or KV blocks, and every
+        candidate when the fastest has more prefill queued than this prompt's own (there the
+        TTFTs are the queues' waits, which the cost already ranks: bounded off the full pod the
+        cost chose, a long generation on 8 H100 + 8 A100 pods took a busy H100 from the short
+        requests, head-of-line p90 133 -> 200 ms).
         Marks the ones left out (`beyond_bound`: seconds past it) and, when the cheapest is among
         them, `ttft_bounded` on the others: the pick the bound made. Only for a cold prompt, while
         the pool's cold prompts are mostly not asked for again (the class docstring)."""
@@ -154,7 +158,8 @@ class LatencyScorer(Scorer):
             return None
         ttft_best = ttfts[fastest]
         limit = ttft_best * ratio + self.ttft_bound_slack
-        within = [t <= limit or best.cost - p.cost > t - ttft_best for p, t in zip(found, ttfts)]
+        within = [t <= limit or best.cost - p.cost > t - ttft_best or p.wait_seconds > 0.5 * t
+                  for p, t in zip(found, ttfts)]
         if all(within):
             return None
         for p, t, ok in zip(found, ttfts, within):
