@@ -90,6 +90,18 @@ def case_table(reports: list[Report]) -> str:
                      "TTFT pred. error", "out tok/s"], rows)
 
 
+def run_cases(tasks: list[SimTask], jobs: int) -> tuple[dict[tuple[str, str], list[Report]], float]:
+    """Run the tasks (labelled "workload/case"); their reports grouped by case, and the wall time."""
+    started = time.perf_counter()
+    reports = run_tasks(tasks, jobs, progress)
+    wall = time.perf_counter() - started
+    cases: dict[tuple[str, str], list[Report]] = {}
+    for task, report in zip(tasks, reports):
+        workload_name, case = task.label.split("/", 1)
+        cases.setdefault((workload_name, case), []).append(report)
+    return cases, wall
+
+
 def summary(cases: dict[tuple[str, str], list[Report]]) -> tuple[str, int, int]:
     rows, passed = [], 0
     for (workload, pool), reports in cases.items():
@@ -134,14 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             for policy in POLICIES:
                 tasks.append(SimTask(f"{workload_name}/{pool.label}", workload, policy, pool.spec,  # type: ignore[arg-type]
                                      seed=args.seed))
-    started = time.perf_counter()
-    reports = run_tasks(tasks, args.jobs, progress)
-    wall = time.perf_counter() - started
-    cases: dict[tuple[str, str], list[Report]] = {}
-    for task, report in zip(tasks, reports):
-        workload_name, pool_label = task.label.split("/", 1)
-        cases.setdefault((workload_name, pool_label), []).append(report)
-
+    cases, wall = run_cases(tasks, args.jobs)
     table, passed, total = summary(cases)
     command = "".join([" --quick" if args.quick else "", f" --pools {args.pools}" if args.pools else "",
                        f" --workloads {args.workloads}" if args.workloads else "",

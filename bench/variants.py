@@ -13,13 +13,11 @@ output directory (default bench/results); ~10 min on 2 cores.
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.scale import POLICIES, summary
-from bench.sim_common import RESULTS, SimTask, default_jobs, progress, run_tasks, write_report
-from epp.sim.cluster.report import Report
+from bench.scale import POLICIES, run_cases, summary
+from bench.sim_common import RESULTS, SimTask, default_jobs, write_report
 from epp.sim.cluster.workload import load_workload
 
 
@@ -65,13 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             workload = workload.scaled(rate=v.rate)
         for policy in POLICIES:
             tasks.append(SimTask(f"{v.workload}/{v.label}", workload, policy, v.pods, seed=v.seed))
-    started = time.perf_counter()
-    reports = run_tasks(tasks, args.jobs, progress)
-    wall = time.perf_counter() - started
-    cases: dict[tuple[str, str], list[Report]] = {}
-    for task, report in zip(tasks, reports):
-        workload_name, label = task.label.split("/", 1)
-        cases.setdefault((workload_name, label), []).append(report)
+    cases, wall = run_cases(tasks, args.jobs)
     table, passed, total = summary(cases)
     text = "\n".join([
         "# Routing quality in virtual time: variants",
