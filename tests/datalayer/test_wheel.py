@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 from epp.datalayer.wheel import TimerWheel
 
@@ -14,8 +15,9 @@ async def test_entries_run_once_never_early_in_time_order() -> None:
     ran: list[tuple[str, float]] = []
     wheel: TimerWheel[str] = TimerWheel(0.01, lambda entry: ran.append((entry, loop.time())))
     start = loop.time()
-    due = {"c": wheel.add(start + 0.05, "c"), "a": wheel.add(start + 0.001, "a"), "b": wheel.add(start + 0.02, "b"),
-           "b2": wheel.add(start + 0.0201, "b2")}
+    step_end = math.ceil((start + 0.02) / 0.01) * 0.01  # b and b2 inside one grid step, wherever start falls
+    due = {"c": wheel.add(start + 0.05, "c"), "a": wheel.add(start + 0.001, "a"), "b": wheel.add(step_end - 0.004, "b"),
+           "b2": wheel.add(step_end - 0.002, "b2")}
     assert due["b"] == due["b2"]  # one grid step, one bucket
     assert all(at >= start for at in due.values()) and len(wheel) == 4
     await wait_until(lambda: len(ran) == 4, "every entry")
