@@ -31,7 +31,11 @@ highest band, until nothing more can go:
    A band with batch-slot fairness or a newcomer reserve (`slots.py`) also drops the endpoints
    where the flow holds its share of the slots while other flows wait, or where it would take a
    reserved slot; a flow with nothing on an endpoint may go there through the reserve even when
-   step 3 closed it. A flow left with no endpoint is passed over: the next flows in the band's
+   step 3 closed it. In every band, a request whose endpoints left are all full (our requests
+   hold every slot) waits while another open endpoint has a free slot: sent, it would wait in
+   that engine's queue for a generation to end, where here it takes the first slot to free
+   anywhere. With every endpoint full it goes, so a `maxNumSeqs` set too low still shows the
+   pods' real limit. A flow left with no endpoint is passed over: the next flows in the band's
    order (up to `MAX_PASSED_OVER`) are tried before lower bands.
 5. `schedule(request, eligible)` picks among the eligible endpoints only ("late binding"). It is
    expected to count the pick against the endpoint at once (the director does), so the next
@@ -352,7 +356,7 @@ class FlowController:
                 continue  # this band's own thresholds; lower bands may go where it is open
             head = band.queue.peek()
             assert head is not None
-            candidates = self._allowed(head, eligible)
+            candidates = self._not_full(head, self._allowed(head, eligible), open_)
             if not candidates:
                 continue  # its subset hint excludes every open endpoint
             item = band.queue.pop()
@@ -411,13 +415,13 @@ class FlowController:
         reserve = cfg.newcomer_reserve
         out: list[Endpoint] = []
         by_share = False
-        for ep in self._allowed(item, eligible):
+        for ep in self._not_full(item, self._allowed(item, eligible), open_):
+            slots = ledger.slots(ep)
+            entry = ledger.of(ep)
             held = ledger.held(ep, key)
             if not held:
                 out.append(ep)  # a flow with nothing here may take any slot the gate allows
                 continue
-            slots = ledger.slots(ep)
-            entry = ledger.of(ep)
             # The last reserved slots are for flows with nothing here, while another flow is about
             # (waiting in the band, or running here); a flow alone uses every slot.
             if (reserve and entry.inflight >= slots - ledger.reserve(ep, reserve)
@@ -438,6 +442,17 @@ class FlowController:
             if entry.reserved < ledger.reserve(ep, reserve) and entry.inflight < ledger.slots(ep):
                 newcomer.append(ep)
         return newcomer, bool(newcomer), by_share
+
+    def _not_full(self, item: QueueItem, candidates: list[Endpoint], open_: list[Endpoint]) -> list[Endpoint]:
+        """The candidates, or none when all of them are full by our count while another open
+        endpoint has a free slot (step 4). With a free one among them the scheduler chooses: it
+        prices a slot wait, and a full pod whose requests end soon may still be the best."""
+        has_free = self.slots.has_free_slot
+        if any(has_free(ep) for ep in candidates):
+            return candidates
+        if any(has_free(ep) for ep in self._allowed(item, open_)):
+            return []  # a slot frees elsewhere before one there: wait here for it
+        return candidates
 
     @staticmethod
     def _allowed(item: QueueItem, endpoints: Sequence[Endpoint]) -> list[Endpoint]:

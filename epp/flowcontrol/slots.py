@@ -88,6 +88,11 @@ class SlotLedger:
         """The endpoint's newcomer reserve: the band's, at most 1/32 of its slots."""
         return min(configured, self.slots(endpoint) // RESERVE_FRACTION)
 
+    def has_free_slot(self, endpoint: Endpoint) -> bool:
+        """Whether our requests there number fewer than its slots."""
+        entry = self._eps.get(endpoint)
+        return entry is None or entry.inflight < self.slots(endpoint)
+
     def held(self, endpoint: Endpoint, flow: FlowKey) -> int:
         entry = self._eps.get(endpoint)
         return entry.by_flow.get(flow, 0) if entry is not None else 0

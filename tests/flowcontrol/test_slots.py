@@ -187,6 +187,41 @@ def test_a_flow_alone_uses_every_slot_reserve_or_not() -> None:
     assert dispatched(fc.dispatch()) == newcomer  # and takes the first one (its flow's turn)
 
 
+def test_a_full_pod_takes_no_more_while_another_has_a_free_slot() -> None:
+    # The flood case behind `flood-short-prompts`: the one pod the gate admits is full of the
+    # flood's requests, another has free slots but its gate is closed for a moment. Sent to the
+    # full pod the request would wait a whole generation in its engine queue; here it waits for
+    # the other pod's gate.
+    pool = Pool(2)
+    fc = controller(pool, config(fairness=False, gate="queueDepthThreshold: 3, inflightGuard: false"))
+    s = Scheduler()
+    p0, p1 = pool.endpoints
+    pool.scrape(p1, waiting_queue_size=3)  # p1's gate is closed: the flood goes to p0 only
+    flood = enqueue(fc, "a", SLOTS + 1, s)
+    assert dispatched(fc.dispatch()) == flood[:SLOTS]
+    assert held(fc, "a", p0) == SLOTS and held(fc, "a", p1) == 0
+    assert dispatched(fc.dispatch()) == []  # p0 is full and p1 has room: the last one waits here
+    pool.scrape(p1, waiting_queue_size=0)
+    went = dispatched(fc.dispatch())
+    assert went == [flood[SLOTS]] and went[0].endpoint is p1
+    for it in flood:
+        finish(fc, it)
+    assert_empty(fc)
+
+
+def test_with_every_pod_full_a_request_still_goes() -> None:
+    # The configured slots may be too low (vLLM does not export `max_num_seqs`): when no pod has a
+    # free slot by our count, the request goes, and the pod shows what it really runs.
+    pool = Pool(2)
+    fc = controller(pool, config(fairness=False, gate="inflightRequestsThreshold: 100"))
+    s = Scheduler()
+    flood = enqueue(fc, "a", 2 * SLOTS + 2, s)
+    assert len(dispatched(fc.dispatch())) == 2 * SLOTS + 2
+    for it in flood:
+        finish(fc, it)
+    assert_empty(fc)
+
+
 def test_a_newcomer_passes_a_closed_queue_gate_into_the_reserve() -> None:
     pool = Pool(2)
     fc = controller(pool, config(reserve=1, gate="queueDepthThreshold: 3", slots=64))
