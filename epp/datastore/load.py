@@ -15,15 +15,22 @@ streamed leaves the prefill queue when its expected time passes; a streamed one 
 is long overdue leaves too, so a lost event cannot wedge the queue. Between events the request
 at the head counts as partly done, in proportion to the time it has had.
 
+Each request is expected to end its expected output's count of decode steps after its first
+token; the ledger counts the pod's steps (time over the step time its batch was last predicted
+to take), so it knows when the pod's batch slots free if outputs run to their length — for a
+batch that started together, many steps later than a steady pace of endings would say.
+
 Everything kept per endpoint is a sum over its outstanding requests (plus time integrals), so
-several writers' ledgers of one endpoint add up. The recent rates (picks, pod-seconds of work and
-of prefill sent per second) are exponential averages that start at zero; they are read divided by
-the share of their window that has history (`coverage`), or a pool warming up looks idle while its
-prefill queues fill (on long documents that made every pod look free for another cold copy).
+several writers' ledgers of one endpoint add up (the expected ends stay each writer's own). The
+recent rates (picks, pod-seconds of work and of prefill sent per second) are exponential averages
+that start at zero; they are read divided by the share of their window that has history
+(`coverage`), or a pool warming up looks idle while its prefill queues fill (on long documents
+that made every pod look free for another cold copy).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,10 +39,18 @@ _OVERDUE_FACTOR = 3.0  # a streamed first byte this many predicted TTFTs late is
 _OVERDUE_MIN = 2.0  # seconds
 _LATE_FACTOR = 0.5  # a first byte this share of its prefill's time late makes its request "late"
 _LATE_MIN = 0.02  # seconds
+_PACE_ALPHA = 0.1  # weight of one response in the step count's pace (a geometric average)
+_PACE_MAX = 5.0  # the pace stays within [1/5, 5]
 _STALLED_MAX = 256  # stalled requests remembered per endpoint (the oldest matter)
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
 MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
 _BUSY_ALPHA = 0.1  # weight of the newest interval in `EndpointLoad.busy_interval`
+
+
+def _current(entry: tuple[float, int, Outstanding]) -> bool:
+    """An `EndpointLoad.ends` entry of a request not ended, at its latest expected end."""
+    item = entry[2]
+    return not item.released and entry[0] == item.end_step
 
 
 def coverage(since: float, now: float, window: float = RATE_WINDOW) -> float:
@@ -74,6 +89,8 @@ class Outstanding:
     prefill_feature: float = 0.0
     started: float = 0.0  # expected start of its prefill (the one ahead's end), on the timeline
     expected_done: float = 0.0  # expected end of its prefill
+    end_step: float = 0.0  # `EndpointLoad.steps` when it is expected to end and free its batch slot
+    first_step: float = -1.0  # `EndpointLoad.steps` at its first byte (-1: not seen)
     first_token: float = -1.0  # clock time of the first streamed byte (-1: not seen)
     prefilled: bool = False  # past prefill (observed, or expected)
     released: bool = False
@@ -137,6 +154,20 @@ class EndpointLoad:
     decode_ending: int = 0
     footprint_tokens: int = 0  # Σ footprint of every outstanding request
     requests: int = 0
+    # The pod's decode steps so far, as this writer estimates them: time over the step time the
+    # writer last predicted for its batch (`step_seconds`, set at each write; 0: unknown). A
+    # request ends its expected output's count of steps after its first token, whatever the steps
+    # then take (a batch that grows slows down every request in it alike).
+    steps: float = 0.0
+    step_seconds: float = 0.0
+    # Real steps per counted one, learned from the streamed responses that ended here (their
+    # tokens against the steps counted since their first byte): the step time predicted for a
+    # batch leaves out what the steps also carry (prefill chunks) and what the fit has not seen.
+    step_pace: float = 1.0
+    # This writer's requests by the step they are expected to end at (a heap of (end_step, id,
+    # item); ended or re-keyed entries are dropped lazily): when the pod's batch slots free if
+    # outputs run to their expected length.
+    ends: list[tuple[float, int, Outstanding]] = field(default_factory=list)
     models: dict[str, int] = field(default_factory=dict)  # target model -> outstanding requests
     # The ledger as of the endpoint's last scrape, to tell the scraped queue what it cannot
     # explain (traffic the EPP did not send) from what it can.
@@ -184,6 +215,8 @@ class EndpointLoad:
         item.started = max(now, tail)
         item.expected_done = max(now + item.predicted_ttft, item.started)
         self.pending.append(item)
+        lead = (item.expected_done - now) / self.step_seconds if self.step_seconds > 0.0 else 0.0
+        self._expect_end(item, self.steps + lead + item.output_tokens)
         if item.model:
             self.models[item.model] = self.models.get(item.model, 0) + 1
         self.prefill_backlog += item.prefill_tokens
@@ -210,7 +243,11 @@ class EndpointLoad:
         stalled = self.stalled
         while stalled and stalled[0].dispatched <= item.dispatched:
             stalled.popleft().stalled = False
-        if item.prefilled or item.released:
+        if item.released:
+            return
+        item.first_step = self.steps
+        self._expect_end(item, self.steps + item.output_tokens - 1)  # its first token is out
+        if item.prefilled:
             return
         late = now - item.expected_done
         while self.pending:
@@ -243,6 +280,9 @@ class EndpointLoad:
         item.stalled = False
         self.footprint_tokens -= item.footprint_tokens
         self.requests -= 1
+        if len(self.ends) > 2 * self.requests + 16:  # mostly stale entries: compact (amortised O(1))
+            self.ends = [e for e in self.ends if _current(e)]
+            heapq.heapify(self.ends)
         if item.model:
             left = self.models.get(item.model, 0) - 1
             if left > 0:
@@ -257,6 +297,8 @@ class EndpointLoad:
             self.settled_at = now
             self.decode_integral += self.decoding * dt
             self.context_integral += self.context_tokens * dt
+            if self.step_seconds > 0.0 and self.requests:
+                self.steps += dt * self.step_pace / self.step_seconds
         pending = self.pending
         while pending and self._over(pending[0], now):
             item = pending.popleft()
@@ -360,6 +402,43 @@ class EndpointLoad:
             still_waiting = waiting + max(0, everyone - self.pending_at_scrape)
             ahead = mine * min(1.0, still_waiting / everyone)
         return (ahead + 1.0) * self.busy_interval
+
+    def observe_steps(self, item: Outstanding, steps: int, now: float) -> None:
+        """A streamed response ended after `steps` decode steps since its first byte (its tokens
+        but the first): correct the pace of the step count by what it counted meanwhile."""
+        if item.first_step < 0.0 or steps <= 0:
+            return
+        self.settle(now)
+        counted = self.steps - item.first_step
+        if counted <= 0.0:
+            return
+        ratio = min(_PACE_MAX, max(1.0 / _PACE_MAX, steps / counted))
+        pace = self.step_pace * ratio ** _PACE_ALPHA
+        self.step_pace = min(_PACE_MAX, max(1.0 / _PACE_MAX, pace))
+
+    def _expect_end(self, item: Outstanding, end_step: float) -> None:
+        item.end_step = end_step
+        heapq.heappush(self.ends, (end_step, id(item), item))
+
+    def steps_until_end(self, k: int, now: float) -> float:
+        """Decode steps until the k-th of this writer's requests here ends, if each generates its
+        expected output (-1: fewer than k of them)."""
+        ends = self.ends
+        while ends and not _current(ends[0]):
+            heapq.heappop(ends)
+        if k <= 1:
+            if not ends:
+                return -1.0
+            end = ends[0][0]
+        else:
+            live = heapq.nsmallest(k, (e for e in ends if _current(e)))
+            if len(live) < k:
+                return -1.0
+            end = live[-1][0]
+        steps = self.steps
+        if self.step_seconds > 0.0 and now > self.settled_at:
+            steps += (now - self.settled_at) / self.step_seconds
+        return max(0.0, end - steps)
 
     def late_prefill(self, now: float) -> int:
         """Prefill tokens of requests well past their expected first token and still without it

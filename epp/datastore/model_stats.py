@@ -46,6 +46,14 @@ class ModelStats:
             return max(1, int(p * max_tokens + (1.0 - p) * min(max_tokens, free)))
         return max(1, int(self.mean_output_tokens))
 
+    def length_certainty(self, max_tokens: int | None) -> float:
+        """How surely a request's expected output is its length: the share of responses that ran
+        to their `max_tokens` (1 until there are samples, as `expected_output` assumes); 0 without
+        one (a learned mean is no length)."""
+        if max_tokens is None or max_tokens <= 0:
+            return 0.0
+        return self.at_limit if self.limited_samples >= _MIN_SAMPLES else 1.0
+
     def prompt_tokens(self, prompt_chars: int) -> int:
         return max(1, int(prompt_chars / self.chars_per_token))
 

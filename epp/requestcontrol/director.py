@@ -264,6 +264,7 @@ class Director:
             item.predicted_ttft = estimate.seconds
         if prediction is not None:
             load.add(item, now, prediction.work_seconds, prediction.prefill_work_seconds)
+            _pace(endpoint)
             if self.metrics:
                 if prediction.copy_credit > 0.0:
                     self.metrics.prefix_copied(request, prediction.copy_credit, prediction.copy_reason)
@@ -274,6 +275,7 @@ class Director:
                 self.metrics.cold_prompts_reused(request, prediction.cold_prompts_reused)
         else:
             load.add(item, now)
+            _pace(endpoint)
         return item
 
     def _body(self, request: InferenceRequest, endpoint: Endpoint) -> bytes | None:
@@ -305,6 +307,7 @@ class Director:
             return  # a buffered response's first byte is its last: no time to first token
         load, service = endpoint.load, endpoint.service
         load.first_byte(item, now)
+        _pace(endpoint)
         self.admission.progressed()
         item.mark_time = now
         item.mark_decode_integral = load.decode_integral
@@ -343,6 +346,7 @@ class Director:
         prefill_per_step = (load.prefill_total - item.mark_prefill_total) / steps
         step_feature, prefill_feature = service.itl_features(decoding, context, prefill_per_step)
         service.observe(step_feature, prefill_feature, window / steps)
+        load.observe_steps(item, steps, now)
 
     def on_response_headers(self, record: RequestRecord, served: str) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -366,6 +370,7 @@ class Director:
                 if record.request.stream:
                     self._learn_decode(record, usage, now)
                 load.release(record.outstanding, now)
+                _pace(endpoint)
             if self.shared is not None:
                 self.shared.changed(endpoint)
         if usage is not None and not record.error_code and record.request.body is not None:
@@ -386,3 +391,13 @@ class Director:
                 self.metrics.running_changed(record.request.model, -1)
             if not record.error_code:
                 self.metrics.request_finished(record.request, usage, response_bytes, now - record.start)
+
+
+def _pace(endpoint: Endpoint) -> None:
+    """After a ledger write: the decode step time of its batch now, which paces the ledger's count
+    of the pod's steps (`EndpointLoad.steps`) until the next write. What steps also carry (prefill
+    chunks) the count learns from the responses that end (`EndpointLoad.step_pace`): priced with
+    the queued prefill instead, each pick's chunk slowed the count until the next write, and the
+    head-of-line routing swung more from seed to seed."""
+    load = endpoint.load
+    load.step_seconds = endpoint.service.step_seconds(load.decoding, load.context_tokens)

@@ -14,7 +14,7 @@ from epp.api.request import Api, InferenceRequest
 from epp.api.response import Usage
 from epp.config.loader import load_config
 from epp.core import build_core
-from epp.datastore import Datastore, EndpointMetrics, EndpointSpec, Outstanding
+from epp.datastore import Datastore, EndpointLoad, EndpointMetrics, EndpointSpec, Outstanding
 from epp.errors import EppError
 from epp.observability.metrics import EppMetrics
 from epp.observability.trace import DecisionRecord
@@ -45,7 +45,7 @@ def pool(**metrics: object) -> Datastore:
     return store
 
 
-def request(prompt: str, *, priority: int = 0, slo_ttft: float | None = None, max_tokens: int = 100,
+def request(prompt: str, *, priority: int = 0, slo_ttft: float | None = None, max_tokens: int | None = 100,
             model: str = "m") -> InferenceRequest:
     return InferenceRequest(request_id=f"r{random.random()}", api=Api.COMPLETIONS, model=model, target_model=model,
                             body={"model": model, "prompt": prompt}, prompt=prompt.encode(), max_tokens=max_tokens,
@@ -966,9 +966,10 @@ def test_request_control_books_the_timeline_on_the_credited_prediction_and_repor
 
 
 def test_a_full_batch_of_short_and_long_outputs_frees_a_slot_at_the_short_ones_pace() -> None:
-    """The slot and KV waits are paced by how soon the running requests end. Two short and two
-    long generations free a slot when the first short one ends, far sooner than four of their mean
-    length would: the prediction takes that pace (Σ 1 / output); the ranking keeps the mean's."""
+    """Without known lengths (no `max_tokens`), the slot and KV waits are paced by how soon the
+    running requests end. Two short and two long generations free a slot when the first short one
+    ends, far sooner than four of their mean length would: the prediction takes that pace
+    (Σ 1 / output); the ranking keeps the mean's."""
 
     def full_pod(outputs: list[int]) -> Prediction:
         store = pool()
@@ -977,7 +978,7 @@ def test_a_full_batch_of_short_and_long_outputs_frees_a_slot_at_the_short_ones_p
             item = Outstanding(100, 0, output, 100.0, predicted_ttft=0.0)
             ep.load.add(item, 100.0)
             ep.load.first_byte(item, 100.0)
-        return predictions(store, request("q" * 400), FOUR_SLOTS)["10.0.0.1:8000"]
+        return predictions(store, request("q" * 400, max_tokens=None), FOUR_SLOTS)["10.0.0.1:8000"]
 
     even, mixed = full_pod([200, 200, 200, 200]), full_pod([10, 390, 390, 10])
     assert even.ttft == even.credited_ttft and even.wait_seconds > 0.1
@@ -987,6 +988,86 @@ def test_a_full_batch_of_short_and_long_outputs_frees_a_slot_at_the_short_ones_p
     assert mixed.paced_wait_seconds == pytest.approx(mixed.wait_seconds * by_mean / by_each, rel=1e-3)
     assert mixed.ttft == pytest.approx(mixed.prefill_seconds + mixed.paced_wait_seconds)
     assert "paced_wait=" in mixed.compact() and "paced_wait=" not in even.compact()
+
+
+def test_a_full_batch_that_started_together_frees_no_slot_until_its_lengths_are_done() -> None:
+    """Requests whose lengths are known (`max_tokens` that responses run to) end when their
+    outputs are done, counted in the pod's steps. A batch of 800-token generations that started
+    together frees its first slot ~800 steps on, where the paced view says one every few steps;
+    a batch as full whose requests are near their ends frees one soon. The prediction takes the
+    expected end; the ranking the later of it and the pace (a flood's next request went to a full
+    pod and waited 12 s for a slot: `bench.flowcontrol`'s `flood-short-prompts`)."""
+
+    def full_pod(done: int, max_tokens: int | None = 800) -> Prediction:
+        store = pool()
+        ep = store.endpoints()[0]
+        ep.load.step_seconds = 0.02
+        for _ in range(4):
+            item = Outstanding(100, 0, 800, 100.0 - done * 0.02, predicted_ttft=0.0)
+            ep.load.add(item, 100.0 - done * 0.02)
+            ep.load.first_byte(item, 100.0 - done * 0.02)
+        ep.load.settle(100.0)  # `done` steps of 20 ms each since
+        return predictions(store, request("q" * 400, max_tokens=max_tokens), FOUR_SLOTS)["10.0.0.1:8000"]
+
+    young, old = full_pod(0), full_pod(790)
+    step = young.wait_seconds / 799
+    assert 0.005 < step < 0.1  # the pod's step, as its service model prices it
+    assert young.paced_wait_seconds == pytest.approx(young.wait_seconds)  # predicted as ranked
+    assert old.paced_wait_seconds == pytest.approx(9 * step, rel=0.05)  # predicted: its expected end
+    assert young.ttft > 20 * old.ttft and young.cost > old.cost
+    # Lengths not known: the paced view, the same for both (it does not see ages), and what the
+    # ranking keeps for the batch near its end.
+    paced = full_pod(0, None).wait_seconds
+    assert full_pod(790, None).wait_seconds == pytest.approx(paced) == pytest.approx(old.wait_seconds)
+    assert paced < 0.2 * young.wait_seconds  # half the output left, 4 at once
+
+
+def test_the_ledger_counts_the_pods_steps_to_each_expected_end() -> None:
+    """`EndpointLoad.steps_until_end`: steps are time over the step time last set; a request ends
+    its output's count of steps after its first token (re-keyed then), the k-th end is found among
+    the live ones, ended ones drop out, and the heap stays bounded as requests come and go."""
+    load = EndpointLoad()
+    load.step_seconds = 0.01
+    a, b, c = (Outstanding(10, 0, n, 0.0, predicted_ttft=0.05) for n in (100, 50, 300))
+    for item in (a, b, c):
+        load.add(item, 0.0)
+    assert load.steps_until_end(1, 0.0) == pytest.approx(5 + 50)  # b: its prefill (5 steps), then 50
+    load.first_byte(b, 0.2)  # 20 steps later, its first token: 49 to go from here
+    assert load.steps_until_end(1, 0.2) == pytest.approx(49)
+    assert load.steps_until_end(2, 0.3) == pytest.approx(5 + 100 - 30)  # a, on its prefill's estimate
+    assert load.steps_until_end(4, 0.3) == -1.0
+    load.release(b, 0.3)
+    assert load.steps_until_end(1, 0.3) == pytest.approx(75)
+    for i in range(1000):
+        item = Outstanding(10, 0, 5, 1.0, predicted_ttft=0.01)
+        load.add(item, 1.0)
+        load.release(item, 1.0)
+    assert len(load.ends) <= 2 * load.requests + 17
+    assert load.steps_until_end(1, 1.0) >= 0.0
+
+
+def test_the_step_count_learns_its_pace_from_the_responses_that_end() -> None:
+    """The step time predicted for a batch misses what its steps also carry: a response that
+    generated more tokens than the steps counted since its first byte speeds the count up (and
+    one that generated fewer slows it), a little per response and within bounds."""
+    load = EndpointLoad()
+    load.step_seconds = 0.02
+    for k in range(60):  # the pod really steps every 0.01 s: twice what was predicted
+        item = Outstanding(10, 0, 100, float(k), predicted_ttft=0.0)
+        load.add(item, float(k))
+        load.first_byte(item, float(k))
+        load.observe_steps(item, 100, float(k) + 1.0)  # 100 tokens in 1 s
+        load.release(item, float(k) + 1.0)
+    assert load.step_pace == pytest.approx(2.0, rel=0.02)
+    load.observe_steps(Outstanding(10, 0, 5, 0.0), 5, 100.0)  # no first byte seen: nothing learned
+    assert load.step_pace == pytest.approx(2.0, rel=0.02)
+    for k in range(200):  # a wild one cannot throw it past its bounds
+        item = Outstanding(10, 0, 100, 100.0 + k, predicted_ttft=0.0)
+        load.add(item, 100.0 + k)
+        load.first_byte(item, 100.0 + k)
+        load.observe_steps(item, 100_000, 100.0 + k + 1.0)
+        load.release(item, 100.0 + k + 1.0)
+    assert load.step_pace == pytest.approx(5.0)
 
 
 def test_a_full_kv_cache_admits_the_queue_ahead_before_this_prompt() -> None:

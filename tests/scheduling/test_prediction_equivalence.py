@@ -36,6 +36,7 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> Endpoint:
         load.add(item, t, rng.uniform(0.0, 3.0))
         if rng.random() < 0.3:
             load.first_byte(item, t + rng.uniform(0.0, 1.0))
+        load.step_seconds = rng.choice([0.0, rng.uniform(0.005, 0.1)])  # the pace of the pod's step count
         if rng.random() < 0.2:
             load.mark_scrape()
     if rng.random() < 0.5:
@@ -81,7 +82,8 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
             match.recompute_share = {a: rng.uniform(0.0, 1.0) for a in match.matched if rng.random() < 0.5}
     model = rng.choice(["", "base", "lora-a", "lora-c", "lora-z"])
     arrivals = rng.choice([0.0, rng.uniform(0.0, 50.0)])
-    fast = producer.predict_all(endpoints, match, prompt, output, now, stats, "src", arrivals, model)
+    certainty = rng.choice([0.0, 1.0, rng.uniform(0.0, 1.0)])
+    fast = producer.predict_all(endpoints, match, prompt, output, now, stats, "src", arrivals, model, certainty)
     for ep, got in zip(endpoints, fast):
         assert got == producer._predict(ep, match, prompt, output, now, stats, "src", arrivals, model,
-                                        producer.assumed_batch_limit(endpoints)), ep.name
+                                        producer.assumed_batch_limit(endpoints), certainty), ep.name
