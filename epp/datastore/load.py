@@ -215,7 +215,7 @@ class EndpointLoad:
         item.started = max(now, tail)
         item.expected_done = max(now + item.predicted_ttft, item.started)
         self.pending.append(item)
-        lead = (item.expected_done - now) / self.step_seconds if self.step_seconds > 0.0 else 0.0
+        lead = (item.expected_done - now) * self.step_pace / self.step_seconds if self.step_seconds > 0.0 else 0.0
         self._expect_end(item, self.steps + lead + item.output_tokens)
         if item.model:
             self.models[item.model] = self.models.get(item.model, 0) + 1
@@ -436,8 +436,8 @@ class EndpointLoad:
                 return -1.0
             end = live[-1][0]
         steps = self.steps
-        if self.step_seconds > 0.0 and now > self.settled_at:
-            steps += (now - self.settled_at) / self.step_seconds
+        if self.step_seconds > 0.0 and now > self.settled_at and self.requests:
+            steps += (now - self.settled_at) * self.step_pace / self.step_seconds
         return max(0.0, end - steps)
 
     def late_prefill(self, now: float) -> int:
