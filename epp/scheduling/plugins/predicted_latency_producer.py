@@ -103,7 +103,7 @@ _MS = 1e-3
 _RATE_WINDOW = 10.0  # seconds
 _MAX_UTILIZATION = 0.95
 _SPEED_MARGIN = 0.25  # pods learned within this of each other are not told apart by speed
-_MAX_ENDS_LOOKED_UP = 4  # a pod more than this over its batch limit is waited on at the paced rate only
+_MAX_ENDS_LOOKED_UP = 16  # the deepest expected end looked up for a slot wait (cost: a heap's k smallest)
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 _KV_FULL = 0.9  # scraped KV use from which a pod with a queue admits at the pace requests end
 # What a second of avoidable prefill costs a saturated pool: the externality's u / (1 - u) at its cap.
@@ -762,12 +762,13 @@ class PredictedLatencyProducer(DataProducer):
         step = ep.service.step_seconds(decoding, context)
         needed = running - limit + 1
         paced = needed / self._completions_per_second(step, decoding, mean_output)
-        if length_certainty <= 0.0 or needed > _MAX_ENDS_LOOKED_UP:
+        if length_certainty <= 0.0:
             return paced, paced, 0.0
-        steps = ep.load.steps_until_end(needed, now)
+        # (deeper than the cap, the cap's end: a lower bound, so never a deep queue's advantage)
+        steps = ep.load.steps_until_end(min(needed, _MAX_ENDS_LOOKED_UP), now)
         if steps < 0.0:
             return paced, paced, 0.0
-        expected = steps * step
+        expected = steps * step / ep.load.step_pace  # (a real step is the predicted one over the pace)
         paced_part = (1.0 - length_certainty) * paced
         ranked = length_certainty * max(expected, paced) + paced_part
         return ranked, paced_part, length_certainty * max(0.0, paced - expected)
