@@ -768,9 +768,14 @@ class PredictedLatencyProducer(DataProducer):
         steps = ep.load.steps_until_end(min(needed, _MAX_ENDS_LOOKED_UP), now)
         if steps < 0.0:
             return paced, paced, 0.0
-        expected = steps * step / ep.load.step_pace  # (a real step is the predicted one over the pace)
+        # Priced at the decode step of the batch now: the count's pace (prefill chunks that came
+        # and went) says how fast steps went, not how the next ones will (divided by it, the
+        # 4:12 load balancing's TTFT prediction error went 9.4% → 11.8%, its p99 7.1 → 12.7 s).
+        expected = steps * step
         paced_part = (1.0 - length_certainty) * paced
         ranked = length_certainty * max(expected, paced) + paced_part
+        if needed > _MAX_ENDS_LOOKED_UP:  # a bound, not the expected end: the prediction is the ranking's
+            return ranked, paced_part, 0.0
         return ranked, paced_part, length_certainty * max(0.0, paced - expected)
 
     def _adapter_wait(self, ep: Endpoint, model: str, decoding: float, context: float, mean_output: float) -> float:
