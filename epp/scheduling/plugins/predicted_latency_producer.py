@@ -753,7 +753,7 @@ class PredictedLatencyProducer(DataProducer):
         weighs the second. The prediction takes the expected end; the ranking the later of the
         two, as it keeps the mean's pace over the faster real one (a pod full of long generations
         stays full for the requests after this one): ranked on the expected ends alone, short
-        requests crowded full pods (`head-of-line` on 8 H100 + 8 A100, TTFT p90 +25–90% on three
+        requests crowded full pods (`head-of-line` on 8 H100 + 8 A100, TTFT p90 +23–94% on three
         seeds)."""
         running = ep.load.requests + unexplained
         limit = ep.batch_limit.limit(assumed_seqs)
