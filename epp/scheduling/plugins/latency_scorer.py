@@ -136,11 +136,11 @@ class LatencyScorer(Scorer):
         candidate's TTFT × the ratio + the slack) whose cost is not lower than the fastest's by
         more than its TTFT is higher: it saves the others less than twice what this request
         loses. Kept: one clearly cheaper (a long generation spread off a busy pod, a prefix not
-        evicted), one whose TTFT is mostly a wait for a batch slot or KV blocks, and every
-        candidate when the fastest has more prefill queued than this prompt's own (there the
-        TTFTs are the queues' waits, which the cost already ranks: bounded off the full pod the
-        cost chose, a long generation on 8 H100 + 8 A100 pods took a busy H100 from the short
-        requests, head-of-line p90 133 -> 200 ms).
+        evicted), one whose TTFT is mostly a wait for a batch slot or KV blocks (a queue, which
+        the cost ranks: bounded off the full pod the cost chose, a long generation on 8 H100 + 8
+        A100 pods took a busy H100 from the short requests, head-of-line p90 133 -> 200 ms), and
+        every candidate when the fastest has more prefill queued than this prompt's own (there
+        the TTFTs are the queues' waits, which the cost already ranks).
         Marks the ones left out (`beyond_bound`: seconds past it) and, when the cheapest is among
         them, `ttft_bounded` on the others: the pick the bound made. Only for a cold prompt, while
         the pool's cold prompts are mostly not asked for again (the class docstring)."""

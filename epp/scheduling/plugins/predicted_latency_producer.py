@@ -762,11 +762,9 @@ class PredictedLatencyProducer(DataProducer):
         step = ep.service.step_seconds(decoding, context)
         needed = running - limit + 1
         paced = needed / self._completions_per_second(step, decoding, mean_output)
-        if length_certainty <= 0.0:
-            return paced, paced, 0.0
         # (deeper than the cap, the cap's end: a lower bound, so never a deep queue's advantage)
-        steps = ep.load.steps_until_end(min(needed, _MAX_ENDS_LOOKED_UP), now)
-        if steps < 0.0:
+        steps = ep.load.steps_until_end(min(needed, _MAX_ENDS_LOOKED_UP), now) if length_certainty > 0.0 else -1.0
+        if steps < 0.0:  # lengths not known, or too few of our requests there to say
             return paced, paced, 0.0
         # Priced at the decode step of the batch now: the count's pace (prefill chunks that came
         # and went) says how fast steps went, not how the next ones will (divided by it, the
