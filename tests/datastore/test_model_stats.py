@@ -58,3 +58,48 @@ def test_requests_without_max_tokens_teach_the_natural_length() -> None:
         stats.observe(400, 100, 120)
     assert stats.expected_output(None) == 120
     assert stats.expected_output(1000) == 1000  # nothing yet says how this model's clients use it
+
+
+def test_each_objective_learns_its_own_lengths_once_it_has_responses() -> None:
+    """Interactive chat beside batch jobs ten times as long, one model: a batch request expects
+    the batch's length, a chat request the chat's, and an objective with too few responses yet
+    (or none named) the model's."""
+    stats = ModelStats()
+    rng = random.Random(4)
+    for _ in range(300):
+        stats.observe(400, 100, rng.randint(100, 200), max_tokens=2048, objective="chat")
+        stats.observe(400, 100, rng.randint(900, 1100), max_tokens=2048, objective="batch")
+    assert 130 <= stats.expected_output(2048, "chat") <= 170
+    assert 950 <= stats.expected_output(2048, "batch") <= 1050
+    mixed = stats.expected_output(2048)
+    assert 400 <= mixed <= 700  # the model's: both classes
+    assert stats.expected_output(2048, "new") == mixed
+    for _ in range(7):
+        stats.observe(400, 100, 50, max_tokens=2048, objective="new")
+    assert stats.expected_output(2048, "new") == stats.expected_output(2048)  # 7 < 8 responses
+    stats.observe(400, 100, 50, max_tokens=2048, objective="new")
+    assert stats.expected_output(2048, "new") == 50
+    assert stats.length_certainty(2048, "batch") < 0.05
+
+
+def test_objectives_tracked_per_model_are_bounded() -> None:
+    from epp.datastore.model_stats import _MAX_OBJECTIVES
+
+    stats = ModelStats()
+    for i in range(_MAX_OBJECTIVES + 10):
+        for _ in range(10):
+            stats.observe(400, 100, 10 + i, objective=f"o{i}")
+    assert len(stats.by_objective) == _MAX_OBJECTIVES
+    assert stats.expected_output(None, f"o{_MAX_OBJECTIVES + 5}") == stats.expected_output(None)
+
+
+def test_only_objectives_the_pool_has_are_keys() -> None:
+    from epp.datastore import Datastore
+
+    store = Datastore()
+    store.set_objective("batch", -1)
+    store.set_objective("standard", None)
+    assert store.known_objective("batch") == "batch"
+    assert store.known_objective("standard") == "standard"
+    assert store.known_objective("made-up-by-a-client") == ""
+    assert store.known_objective("") == ""
