@@ -399,6 +399,37 @@ def test_the_prediction_error_and_slo_outcomes_are_reported() -> None:
     assert all(e.load.requests == 0 and e.inflight_requests == 0 for e in store.endpoints())
 
 
+def test_request_control_learns_output_lengths_per_known_objective_and_predicts_with_them() -> None:
+    """A batch objective's requests run ten times the chat's: once it has responses, a batch
+    request is booked for the batch's length (its KV and its slot for that long). A name the pool
+    has no InferenceObjective for is no key (clients choose it)."""
+    store = pool()
+    store.set_objective("batch", -1)
+    store.set_objective("chat", 10)
+    core = build_core(store, None, tick=0.05, seed=1)
+
+    async def serve(objective: str, output: int) -> int:
+        req = request("x" * 400, max_tokens=2048)
+        req.objective = objective
+        _, record = await core.director.handle_request(req)
+        booked = record.outstanding.output_tokens
+        core.director.first_byte(record)
+        core.director.release(record, Usage.of(100, output))
+        return booked
+
+    async def run() -> tuple[int, int]:
+        for _ in range(10):
+            await serve("batch", 1000)
+            await serve("chat", 100)
+            await serve("invented", 100)
+        return await serve("batch", 1000), await serve("chat", 100)
+
+    batch, chat = asyncio.run(run())
+    assert batch == 1000 and chat == 100
+    assert set(store.models.get("m").by_objective) == {"batch", "chat"}
+    assert all(e.load.requests == 0 and e.inflight_requests == 0 for e in store.endpoints())
+
+
 def test_a_prefill_is_charged_for_the_prefills_it_holds_up_not_for_the_decodes_beside_it() -> None:
     """A long prompt's prefill delays the prefills queued behind it (FCFS), and more so on a pod
     whose prefill is busy; decode steps run beside each prefill chunk, so a pod kept busy by
@@ -684,7 +715,8 @@ def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_can
 
 
 @pytest.mark.parametrize("parameter, attribute", [("saturatedPool", "saturated_pool"),
-                                                  ("drainCharge", "drain_charge")])
+                                                  ("drainCharge", "drain_charge"),
+                                                  ("kvUtilization", "kv_utilization")])
 def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
                                                                                       attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:
@@ -745,6 +777,69 @@ def test_a_cold_prompt_is_charged_a_full_pods_drain_while_most_of_the_pool_has_r
     first, warm = drain_charged(1, warm=True)
     assert warm[first].cached_tokens * 2 >= warm[first].prompt_tokens and warm[first].drain_seconds > 0.0
     assert warm[first].drain_charge == 0.0
+
+
+def kv_filled(kv_usage: list[float], kv_utilization: bool = True) -> dict[str, Prediction]:
+    """A cold 1,000-token prompt expecting 800 tokens of output over `PODS` pods alike in compute
+    (each decoding one request of ours), whose last scrapes show `kv_usage` of their KV caches
+    in use and no queue: every candidate's prediction."""
+    store = pool()
+    for ep, usage in zip(store.endpoints(), kv_usage):
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                          kv_cache_usage=usage, running_requests=1))
+        item = Outstanding(500, 0, 200, 99.0, predicted_ttft=0.05)
+        ep.load.add(item, 99.0, 0.2)  # a fifth of the pod's compute, read over the second it covers
+        ep.load.first_byte(item, 99.05)
+        ep.load.mark_scrape()
+    producer = PredictedLatencyProducer(datastore=store, kv_utilization=kv_utilization)
+    cycle = CycleState()
+    producer.prepare(cycle, request("x" * 4000, max_tokens=800), list(store.endpoints()))
+    return cycle.predictions
+
+
+def test_a_pod_whose_kv_cache_is_fuller_than_its_compute_is_as_busy_as_its_cache() -> None:
+    """The externality's busy factor takes the larger of a pod's compute utilisation and the
+    share of its KV cache in use: a pod whose running requests fill its cache admits the next
+    only as they end, however fast its steps. The prediction does not move, only what the pick
+    is charged; and only while at least half the pool has room elsewhere."""
+    got = kv_filled([0.85, 0.1, 0.1, 0.1])
+    addresses = list(got)
+    full, roomy = got[addresses[0]], got[addresses[1]]
+
+    def externality(p: Prediction) -> float:
+        return p.cost - p.credited_ttft
+
+    # 1 / (1 - 0.85) against the roomy pods' compute-bound factor: several times the charge.
+    assert externality(full) > 4.0 * externality(roomy) > 0.0
+    assert full.ttft == roomy.ttft
+    off = kv_filled([0.85, 0.1, 0.1, 0.1], kv_utilization=False)
+    assert off[addresses[0]].cost == pytest.approx(off[addresses[1]].cost)
+    assert off[addresses[0]].ttft == full.ttft
+    assert off[addresses[1]].cost == pytest.approx(roomy.cost, rel=0.05)  # 0.1 used: its compute is busier
+    # Half the pool still has room: charged. Most of it full: there is nowhere else to go, and
+    # the KV says nothing a pick could use (the B2B overload shapes: every cache is full).
+    half = kv_filled([0.95, 0.95, 0.1, 0.1])
+    assert externality(half[addresses[0]]) > 4.0 * externality(half[addresses[2]])
+    most = kv_filled([0.95, 0.95, 0.95, 0.1])
+    baseline = kv_filled([0.95, 0.95, 0.95, 0.1], kv_utilization=False)
+    assert all(most[a].cost == pytest.approx(baseline[a].cost) for a in addresses)
+
+
+def test_kv_use_counts_the_uncached_prompts_sent_since_the_scrape() -> None:
+    """A prompt that hits a prefix the pod holds shares its blocks: only the prefill the EPP sent
+    since the pod's last scrape adds to the use it showed."""
+    from epp.scheduling.plugins.predicted_latency_producer import _kv_utilization
+
+    store = pool(kv_cache_usage=0.5)
+    ep = store.endpoints()[0]
+    ep.load.mark_scrape()
+    assert _kv_utilization(ep) == pytest.approx(0.5)
+    ep.load.add(Outstanding(9000, 6000, 100, 100.0, predicted_ttft=0.1), 100.0)  # 3,000 uncached
+    assert _kv_utilization(ep) == pytest.approx(0.5 + 3000 / 320_000)
+    ep.load.mark_scrape()
+    assert _kv_utilization(ep) == pytest.approx(0.5)  # the next scrape shows what it holds
+    ep.update_metrics(EndpointMetrics(update_time=99.99))  # a pod that does not say its cache size
+    assert _kv_utilization(ep) == 0.0
 
 
 def test_a_saturated_pool_prefers_the_holder_that_still_has_the_prefix() -> None:

@@ -41,7 +41,9 @@ pod is busier on average). A saturated pool (every candidate's KV
 cache full with a queue) is ranked for its throughput instead (`_rank_saturated`): on the
 prediction with the prefill each pod will compute again, and a copy of a prefix its holders have
 charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
-prompt at the pace it admits (`_charge_drain`), while at least half the pool has room.
+prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
+at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
+compute and its KV cache in the externality (`_kv_utilization`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -66,6 +68,9 @@ Parameters (all optional):
   its capacity.
 - `drainCharge` (true): charge a cold prompt a full pod's drain (`_charge_drain`), so it goes to a
   pod with room instead of queueing for admission behind a full one.
+- `kvUtilization` (true): a pod's KV cache use is its utilisation where that exceeds its compute's
+  (`_kv_utilization`), so long generations do not fill the caches of the pods that are fastest
+  until they preempt while others have room.
 
 ```yaml
 plugins:
@@ -115,7 +120,7 @@ class PredictedLatencyProducer(DataProducer):
 
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
-                 saturated_pool: bool = True, drain_charge: bool = True) -> None:
+                 saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -130,6 +135,7 @@ class PredictedLatencyProducer(DataProducer):
         self.copy_credit = copy_credit
         self.saturated_pool = saturated_pool
         self.drain_charge = drain_charge
+        self.kv_utilization = kv_utilization
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         # How often the pool's cold prompts are asked for again (`latency-scorer`'s TTFT bound).
         self.cold_reuse = ColdReuse(_RATE_WINDOW)
@@ -155,9 +161,11 @@ class PredictedLatencyProducer(DataProducer):
         copy_credit = params.bool("copyCredit", True)
         saturated_pool = params.bool("saturatedPool", True)
         drain_charge = params.bool("drainCharge", True)
+        kv_utilization = params.bool("kvUtilization", True)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
-                   copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge)
+                   copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
+                   kv_utilization=kv_utilization)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -198,15 +206,19 @@ class PredictedLatencyProducer(DataProducer):
             match = None
         stats = self.datastore.models.get(request.target_model)
         prompt = stats.prompt_tokens(len(request.prompt))
-        output = stats.expected_output(request.max_tokens)
-        output = max(1, output)
+        objective = self.datastore.known_objective(request.objective)
+        output = max(1, stats.expected_output(request.max_tokens, objective))
         now = self.datastore.clock()
         if match is not None and match.hashes:
             self.cold_reuse.observe(match.hashes, max(match.matched.values(), default=0), now)
         arrivals = self._arrival_rate(now) / max(1, len(endpoints))
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
+        # A pod's KV counts as its utilisation while at least half the candidates have room in
+        # theirs (below `_KV_FULL`): only then is there somewhere else to go (`_kv_utilization`).
+        kv_floor = self.kv_utilization and sum(
+            1 for ep in endpoints if _kv_utilization(ep) < _KV_FULL) * 2 >= len(endpoints)
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model,
-                                 stats.length_certainty(request.max_tokens))
+                                 stats.length_certainty(request.max_tokens, objective), kv_floor)
         full = sum(1 for ep in endpoints if _full_with_queue(ep.metrics))
         saturated = self.saturated_pool and 0 < full == len(endpoints)  # the pool past its capacity
         if saturated:
@@ -411,14 +423,14 @@ class PredictedLatencyProducer(DataProducer):
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
-                length_certainty: float = 0.0) -> Prediction:
+                length_certainty: float = 0.0, kv_floor: bool = False) -> Prediction:
         """One candidate's prediction (`predict_all` of one)."""
         return self.predict_all([ep], match, prompt, output, now, stats, source, arrivals_per_pod, model,
-                                length_certainty)[0]
+                                length_certainty, kv_floor)[0]
 
     def predict_all(self, endpoints: list[Endpoint], match: PrefixMatch | None, prompt: int, output: int,
                     now: float, stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0,
-                    model: str = "", length_certainty: float = 0.0) -> list[Prediction]:
+                    model: str = "", length_certainty: float = 0.0, kv_floor: bool = False) -> list[Prediction]:
         """Every candidate's prediction. This runs for each candidate of every request, so the
         per-request terms are computed once and the cheap cases of each wait are decided inline;
         it computes exactly what `_predict` (the readable form, kept for reference) does, in the
@@ -506,6 +518,8 @@ class PredictedLatencyProducer(DataProducer):
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
             else:
                 utilization = prefill_utilization = rate = 0.0
+            if kv_floor:
+                utilization = max(utilization, _kv_utilization(ep))
             u = min(_MAX_UTILIZATION, utilization)
             u_prefill = min(_MAX_UTILIZATION, prefill_utilization)
             arrivals = max(rate, arrivals_per_pod)
@@ -548,7 +562,7 @@ class PredictedLatencyProducer(DataProducer):
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                  stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
-                 assumed_seqs: int = 0, length_certainty: float = 0.0) -> Prediction:
+                 assumed_seqs: int = 0, length_certainty: float = 0.0, kv_floor: bool = False) -> Prediction:
         """The prediction for one candidate, term by term (what `predict_all` computes faster);
         `assumed_seqs`: `assumed_batch_limit` of the candidates (0: the configured limit)."""
         load, service, metrics = ep.load, ep.service, ep.metrics
@@ -604,7 +618,11 @@ class PredictedLatencyProducer(DataProducer):
         share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
         own_seconds = self._own_prefill_seconds(ep, own, cached)
         work = own_seconds + output * share
-        u = min(_MAX_UTILIZATION, load.utilization_at(now))
+        # ... of its compute, or of its KV cache where that is fuller (`_kv_utilization`).
+        utilization = load.utilization_at(now)
+        if kv_floor:
+            utilization = max(utilization, _kv_utilization(ep))
+        u = min(_MAX_UTILIZATION, utilization)
         u_prefill = min(_MAX_UTILIZATION, load.prefill_utilization_at(now))
         arrivals = max(load.rate_at(now), arrivals_per_pod)
         lifetime = output * step  # its decode, at the pod's steady step (the queued prefill passes)
@@ -860,6 +878,26 @@ def _charge_drain(found: list[Prediction]) -> None:
         if p.drain_seconds > 0.0 and p.cached_tokens * 2 < p.prompt_tokens:
             p.drain_charge = max(0.0, p.drain_seconds - (p.credited_ttft or p.ttft))
             p.cost += p.drain_charge
+
+
+def _kv_utilization(ep: Endpoint) -> float:
+    """Share of the pod's KV cache in use: its last scrape's, plus the prompt tokens the EPP sent
+    it since that it will compute (0: the pod does not say its cache size).
+
+    The externality's busy factor 1 / (1 - u) takes the larger of this and the pod's compute
+    utilisation: a pod whose cache its running requests fill admits the next ones only as they
+    end, however fast its steps. Without it, the fast GPUs of a mixed pool (4 H100 + 12 A100, the
+    multi-tenant mix) drew the long prompts and long batch generations until their caches were
+    full and preempting, at a third of their compute, while the slower pods' caches were a
+    quarter used; the TTFT p99 there was 1.2-1.6x the greedy oracle's (BENCHMARKS.md). Counted in
+    uncached tokens since the scrape: a prompt that hits a prefix the pod holds shares its blocks."""
+    m = ep.metrics
+    capacity = m.cache_num_blocks * m.cache_block_size
+    if capacity <= 0:
+        return 0.0
+    load = ep.load
+    used = max(m.kv_cache_usage, 0.0) * capacity + max(0, load.prefill_total - load.prefill_total_at_scrape)
+    return used / capacity
 
 
 def _full_with_queue(metrics: EndpointMetrics) -> bool:
