@@ -888,8 +888,8 @@ def _kv_utilization(ep: Endpoint) -> float:
     utilisation: a pod whose cache its running requests fill admits the next ones only as they
     end, however fast its steps. Without it, the fast GPUs of a mixed pool (4 H100 + 12 A100, the
     multi-tenant mix) drew the long prompts and long batch generations until their caches were
-    full and preempting, at a third of their compute, while the slower pods' caches were a
-    quarter used; the TTFT p99 there was 1.2-1.6x the greedy oracle's (BENCHMARKS.md). Counted in
+    full and preempting, while the slower pods' caches were 10-40% used; the TTFT p99 there was
+    1.2-1.6x the greedy oracle's (BENCHMARKS.md). Counted in
     uncached tokens since the scrape: a prompt that hits a prefix the pod holds shares its blocks."""
     m = ep.metrics
     capacity = m.cache_num_blocks * m.cache_block_size
