@@ -109,10 +109,5 @@ class Datastore:
         """Priority of a named objective; unknown or unset means 0, as in the reference."""
         return self._objectives.get(name) or 0
 
-    def known_objective(self, name: str) -> str:
-        """`name` if it is an InferenceObjective the pool has, else "" (what per-objective
-        statistics are keyed by: a client's header names nothing the table keeps)."""
-        return name if name and name in self._objectives else ""
-
     def objectives(self) -> dict[str, int | None]:
         return dict(self._objectives)

@@ -255,7 +255,7 @@ class Director:
         else:  # no predicted-latency producer configured: the service model's own estimate
             stats = self.datastore.models.get(request.target_model)
             prompt = stats.prompt_tokens(len(request.prompt))
-            output = stats.expected_output(request.max_tokens, self.datastore.known_objective(request.objective))
+            output = stats.expected_output(request.max_tokens)
             cached = min(prompt - 1, held_tokens(result.cycle.data, endpoint.address)) if result is not None else 0
             item = Outstanding(prompt, max(0, cached), max(1, output), now, streamed=request.stream,
                                model=request.target_model)
@@ -374,10 +374,8 @@ class Director:
             if self.shared is not None:
                 self.shared.changed(endpoint)
         if usage is not None and not record.error_code and record.request.body is not None:
-            request = record.request
-            self.datastore.models.get(request.target_model).observe(
-                len(request.prompt), usage.prompt_tokens, usage.completion_tokens, request.max_tokens,
-                self.datastore.known_objective(request.objective))
+            self.datastore.models.get(record.request.target_model).observe(
+                len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)
         if record.admitted:
             try:
                 self.admission.completed(record.request, usage)

@@ -399,37 +399,6 @@ def test_the_prediction_error_and_slo_outcomes_are_reported() -> None:
     assert all(e.load.requests == 0 and e.inflight_requests == 0 for e in store.endpoints())
 
 
-def test_request_control_learns_output_lengths_per_known_objective_and_predicts_with_them() -> None:
-    """A batch objective's requests run ten times the chat's: once it has responses, a batch
-    request is booked for the batch's length (its KV and its slot for that long). A name the pool
-    has no InferenceObjective for is no key (clients choose it)."""
-    store = pool()
-    store.set_objective("batch", -1)
-    store.set_objective("chat", 10)
-    core = build_core(store, None, tick=0.05, seed=1)
-
-    async def serve(objective: str, output: int) -> int:
-        req = request("x" * 400, max_tokens=2048)
-        req.objective = objective
-        _, record = await core.director.handle_request(req)
-        booked = record.outstanding.output_tokens
-        core.director.first_byte(record)
-        core.director.release(record, Usage.of(100, output))
-        return booked
-
-    async def run() -> tuple[int, int]:
-        for _ in range(10):
-            await serve("batch", 1000)
-            await serve("chat", 100)
-            await serve("invented", 100)
-        return await serve("batch", 1000), await serve("chat", 100)
-
-    batch, chat = asyncio.run(run())
-    assert batch == 1000 and chat == 100
-    assert set(store.models.get("m").by_objective) == {"batch", "chat"}
-    assert all(e.load.requests == 0 and e.inflight_requests == 0 for e in store.endpoints())
-
-
 def test_a_prefill_is_charged_for_the_prefills_it_holds_up_not_for_the_decodes_beside_it() -> None:
     """A long prompt's prefill delays the prefills queued behind it (FCFS), and more so on a pod
     whose prefill is busy; decode steps run beside each prefill chunk, so a pod kept busy by

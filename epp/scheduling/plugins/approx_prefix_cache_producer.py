@@ -264,8 +264,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         if self._datastore is None:
             return prompt_chars // CHARS_PER_TOKEN + (request.max_tokens or 0)
         stats = self._datastore.models.get(request.target_model)
-        objective = self._datastore.known_objective(request.objective)
-        return stats.prompt_tokens(prompt_chars) + stats.expected_output(request.max_tokens, objective)
+        return stats.prompt_tokens(prompt_chars) + stats.expected_output(request.max_tokens)
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         held = request.state.pop(self.name, None)

@@ -206,8 +206,7 @@ class PredictedLatencyProducer(DataProducer):
             match = None
         stats = self.datastore.models.get(request.target_model)
         prompt = stats.prompt_tokens(len(request.prompt))
-        objective = self.datastore.known_objective(request.objective)
-        output = max(1, stats.expected_output(request.max_tokens, objective))
+        output = max(1, stats.expected_output(request.max_tokens))
         now = self.datastore.clock()
         if match is not None and match.hashes:
             self.cold_reuse.observe(match.hashes, max(match.matched.values(), default=0), now)
@@ -218,7 +217,7 @@ class PredictedLatencyProducer(DataProducer):
         kv_floor = self.kv_utilization and sum(
             1 for ep in endpoints if _kv_utilization(ep) < _KV_FULL) * 2 >= len(endpoints)
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model,
-                                 stats.length_certainty(request.max_tokens, objective), kv_floor)
+                                 stats.length_certainty(request.max_tokens), kv_floor)
         full = sum(1 for ep in endpoints if _full_with_queue(ep.metrics))
         saturated = self.saturated_pool and 0 < full == len(endpoints)  # the pool past its capacity
         if saturated:
