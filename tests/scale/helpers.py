@@ -73,20 +73,20 @@ class EppServe:
         except grpc.aio.AioRpcError:
             return False
 
-    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async def _exposition(self) -> str:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-                text = await r.text()
+                return await r.text()
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = await self._exposition()
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
     async def families(self) -> set[str]:
         """The metric families the pod exposes, with samples or not (a labelled counter no event
         has touched yet shows its HELP and TYPE only)."""
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
-                text = await r.text()
-        return {family.name for family in text_string_to_metric_families(text)}
+        return {family.name for family in text_string_to_metric_families(await self._exposition())}
 
     async def metric(self, name: str, **labels: str) -> float:
         """Sum of `name` over the series whose labels include `labels`."""
