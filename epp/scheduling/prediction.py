@@ -69,6 +69,9 @@ class Prediction:
     # Added to `cost` for a cold prompt on such a pod while most of the pool has room: what the
     # drain adds to `credited_ttft` (0: none).
     drain_charge: float = 0.0
+    # Added to `cost` for a new copy of a reused prompt on a pod whose cache turns over too fast to
+    # keep it: the expected recompute of its later requests there (0: none).
+    eviction_charge: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
@@ -80,6 +83,7 @@ class Prediction:
                 + f",itl={self.itl * 1e3:.1f}ms"
                 + (f",drain={self.drain_seconds * 1e3:.1f}ms" if self.drain_seconds else "")
                 + (f",drain_charge={self.drain_charge * 1e3:.1f}ms" if self.drain_charge else "")
+                + (f",eviction_charge={self.eviction_charge * 1e3:.1f}ms" if self.eviction_charge else "")
                 + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
                 + (f",saturated={self.saturation_charge * 1e3:.1f}ms" if self.saturation_charge else "")
                 + (f",beyond_bound={self.beyond_bound * 1e3:.1f}ms" if self.beyond_bound else "")

@@ -260,8 +260,9 @@ def test_a_long_cold_prompt_is_not_sent_to_a_slow_idle_pod_to_spare_the_busy_fas
             load.pick_rate = 20.0
             load.rates_at, load.rates_since = 100.0, 0.0
         core = build_core(store, with_parameters("latency-scorer", parameters), tick=0.05, seed=1)
+        producer = next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
+        producer.eviction_charge = False  # (the fast pods' caches turn over in ~10 s: tested on its own)
         if cold_prompts_reused is not None:
-            producer = next(p for p in core.config.scheduler.producers if isinstance(p, PredictedLatencyProducer))
             producer.cold_reuse.share = cold_prompts_reused
         metrics = EppMetrics(store)
         core.director.metrics = metrics
@@ -685,7 +686,8 @@ def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_can
 
 @pytest.mark.parametrize("parameter, attribute", [("saturatedPool", "saturated_pool"),
                                                   ("drainCharge", "drain_charge"),
-                                                  ("kvUtilization", "kv_utilization")])
+                                                  ("kvUtilization", "kv_utilization"),
+                                                  ("evictionCharge", "eviction_charge")])
 def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
                                                                                       attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:
@@ -792,6 +794,70 @@ def test_a_pod_whose_kv_cache_is_fuller_than_its_compute_is_as_busy_as_its_cache
     most = kv_filled([0.95, 0.95, 0.95, 0.1])
     baseline = kv_filled([0.95, 0.95, 0.95, 0.1], kv_utilization=False)
     assert all(most[a].cost == pytest.approx(baseline[a].cost) for a in addresses)
+
+
+def evicting(reused: float, *, blocks: int = 2000, warm: bool = False, busy_pods: int = 1,
+             eviction_charge: bool = True) -> tuple[list[str], dict[str, Prediction]]:
+    """A ~1,000-token prompt over `PODS` idle pods of `blocks` KV blocks each, when `reused` of the
+    pool's cold prompts come back; the first `busy_pods` have lately been sent 0.8 pod-seconds of
+    prefill per second (their caches turn over fast when small); `warm`: the first holds the prompt."""
+    store = pool()
+    for ep in store.endpoints():
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=blocks, update_time=99.99))
+    for busy in store.endpoints()[:busy_pods]:
+        item = Outstanding(4000, 0, 50, 99.0, predicted_ttft=0.05)
+        busy.load.add(item, 99.0, 0.9, 0.8)
+        busy.load.first_byte(item, 99.05)
+        busy.load.mark_scrape()
+    producer = PredictedLatencyProducer(datastore=store, eviction_charge=eviction_charge)
+    producer.prefix_producer = LatencyScorer("match")  # only its name: where the match is found
+    producer.cold_reuse.share = reused
+    addresses = [ep.address for ep in store.endpoints()]
+    cycle = CycleState()
+    cycle.data["match"] = PrefixMatch(total=64, block_size_tokens=16, matched={addresses[0]: 64} if warm else {},
+                                      hashes=list(range(64)))
+    producer.prepare(cycle, request("x" * 4000), list(store.endpoints()))
+    return addresses, cycle.predictions
+
+
+def test_a_copy_on_a_pod_whose_cache_turns_over_fast_is_charged_its_recompute() -> None:
+    """Where the pool's cold prompts mostly come back, a prompt placed on a pod is placed for its
+    later requests too; on a pod whose cache turns over (its capacity over the uncached tokens
+    per second lately sent there) in under 30 s they likely find it evicted and compute it
+    again. That recompute is charged: its own prefill there x the reuse share x (1 - turnover /
+    30 s). Not on a pod that keeps it (a large cache, or no prefill sent), not on a pod that
+    holds the prompt, not where cold prompts are mostly not reused, not when turned off; the
+    prediction does not move. Only while at least a quarter of the candidates' caches outlast the
+    30 s."""
+    addresses, got = evicting(0.9)
+    busy, idle = got[addresses[0]], got[addresses[1]]
+    assert 0.0 < busy.eviction_charge <= 0.9 * busy.prefill_work_seconds
+    assert busy.eviction_charge > 0.7 * busy.prefill_work_seconds  # 32k tokens at ~13k tokens/s: 2.5 s
+    assert all(got[a].eviction_charge == 0.0 for a in addresses[1:])
+    _, off = evicting(0.9, eviction_charge=False)
+    assert busy.cost == pytest.approx(off[addresses[0]].cost + busy.eviction_charge)
+    assert busy.ttft == off[addresses[0]].ttft and idle.cost == pytest.approx(off[addresses[1]].cost)
+    assert f"eviction_charge={busy.eviction_charge * 1e3:.1f}ms" in busy.compact()
+    result = SimpleNamespace(cycle=SimpleNamespace(predictions=got))
+    record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=result)  # type: ignore[arg-type]
+    assert {row["address"]: row for row in record.predictions()}[addresses[0]]["eviction_charge_ms"] == \
+        round(busy.eviction_charge * 1e3, 2)
+    # The charge falls as the turnover nears the horizon, and a cache that outlasts it keeps the copy.
+    _, larger = evicting(0.9, blocks=8000)
+    assert 0.0 < larger[addresses[0]].eviction_charge < busy.eviction_charge
+    _, roomy = evicting(0.9, blocks=40_000)
+    assert roomy[addresses[0]].eviction_charge == 0.0
+    _, warm = evicting(0.9, warm=True)
+    assert warm[addresses[0]].own_prefill * 2 < warm[addresses[0]].prompt_tokens
+    assert warm[addresses[0]].eviction_charge == 0.0
+    _, one_off = evicting(0.3)  # API calls: where one lands says nothing of later requests
+    assert all(p.eviction_charge == 0.0 for p in one_off.values())
+    # While a quarter of the pool keeps what it is sent; not where every cache turns over fast (an
+    # overload: there is nowhere to keep a copy).
+    _, most = evicting(0.9, busy_pods=PODS - PODS // 4)
+    assert all(most[a].eviction_charge > 0.0 for a in addresses[:PODS - PODS // 4])
+    _, every = evicting(0.9, busy_pods=PODS)
+    assert all(p.eviction_charge == 0.0 for p in every.values())
 
 
 def test_kv_use_counts_the_uncached_prompts_sent_since_the_scrape() -> None:

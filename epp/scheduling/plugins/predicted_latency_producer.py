@@ -43,7 +43,9 @@ prediction with the prefill each pod will compute again, and a copy of a prefix 
 charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
 prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
 at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
-compute and its KV cache in the externality (`_kv_utilization`).
+compute and its KV cache in the externality (`_kv_utilization`). Where the pool's cold prompts
+mostly come back, a new copy of a prompt on a pod whose cache turns over too fast to keep it is
+charged the recompute of its next request (`_charge_evictions`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -71,6 +73,9 @@ Parameters (all optional):
 - `kvUtilization` (true): a pod's KV cache use is its utilisation where that exceeds its compute's
   (`_kv_utilization`), so long generations do not fill the caches of the pods that are fastest
   until they preempt while others have room.
+- `evictionCharge` (true): where the pool's cold prompts mostly come back, charge a new copy of a
+  prompt on a pod whose cache turns over in under 30 s the recompute its later requests will
+  likely need there (`_charge_evictions`), so reused contexts settle on pods with room to keep them.
 
 ```yaml
 plugins:
@@ -111,6 +116,10 @@ _SPEED_MARGIN = 0.25  # pods learned within this of each other are not told apar
 _MAX_ENDS_LOOKED_UP = 16  # the deepest expected end looked up for a slot wait (cost: a heap's k smallest)
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 _KV_FULL = 0.9  # scraped KV use from which a pod with a queue admits at the pace requests end
+# The eviction charge: a pool whose cold prompts mostly come back (`ColdReuse`) and how long a
+# reused prefix must stay cached to be asked for again.
+_REUSED = 0.5
+_REUSE_HORIZON = 30.0  # seconds
 # What a second of avoidable prefill costs a saturated pool: the externality's u / (1 - u) at its cap.
 _SATURATED = _MAX_UTILIZATION / (1.0 - _MAX_UTILIZATION)
 
@@ -120,7 +129,8 @@ class PredictedLatencyProducer(DataProducer):
 
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
-                 saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True) -> None:
+                 saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
+                 eviction_charge: bool = True) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -136,6 +146,7 @@ class PredictedLatencyProducer(DataProducer):
         self.saturated_pool = saturated_pool
         self.drain_charge = drain_charge
         self.kv_utilization = kv_utilization
+        self.eviction_charge = eviction_charge
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         # How often the pool's cold prompts are asked for again (`latency-scorer`'s TTFT bound).
         self.cold_reuse = ColdReuse(_RATE_WINDOW)
@@ -162,10 +173,11 @@ class PredictedLatencyProducer(DataProducer):
         saturated_pool = params.bool("saturatedPool", True)
         drain_charge = params.bool("drainCharge", True)
         kv_utilization = params.bool("kvUtilization", True)
+        eviction_charge = params.bool("evictionCharge", True)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
                    copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
-                   kv_utilization=kv_utilization)
+                   kv_utilization=kv_utilization, eviction_charge=eviction_charge)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -224,6 +236,8 @@ class PredictedLatencyProducer(DataProducer):
             self._rank_saturated(found)
         elif self.drain_charge and full * 2 <= len(endpoints):
             _charge_drain(found)
+        if self.eviction_charge and not saturated and self.cold_reuse.share >= _REUSED:
+            _charge_evictions(endpoints, found, now, self.cold_reuse.share)
         if match is not None and self.copy_credit:
             self._credit_copies(endpoints, found, match, now, room=full == 0)
         if match is not None and saturated:
@@ -877,6 +891,42 @@ def _charge_drain(found: list[Prediction]) -> None:
         if p.drain_seconds > 0.0 and p.cached_tokens * 2 < p.prompt_tokens:
             p.drain_charge = max(0.0, p.drain_seconds - (p.credited_ttft or p.ttft))
             p.cost += p.drain_charge
+
+
+def _charge_evictions(endpoints: list[Endpoint], found: list[Prediction], now: float, reused: float) -> None:
+    """Charge a new copy of the prompt on a pod whose cache turns over too fast to keep it.
+
+    Where a pool's cold prompts mostly come back (`reused`: documents, conversations), a prompt
+    placed on a pod is placed for its later requests too, and they find it only if the pod still
+    holds it. A pod's cache turns over in its KV capacity over the uncached prompt tokens per
+    second lately sent to it; a copy on a pod that turns over in under `_REUSE_HORIZON` seconds is
+    likely evicted before its next request, which then computes it again. So the cost of a
+    candidate that holds less than half the prompt is charged that recompute: its own prefill
+    there × `reused` × (1 − turnover / horizon). Diagnosed on 8 H100 + 8 A100 pods, B2B shared
+    context (seed 3): the H100s' faster prefill drew 82% of the traffic and 32-42 customer
+    contexts each where ~10 fit, so 31% of the requests after warm-up computed their 6k-token
+    context again, and the A100s (3-5 contexts each) had room; TTFT p99 471 ms against the
+    greedy oracle's 327 (BENCHMARKS.md). Only while at least a quarter of the candidates' caches
+    outlast the horizon: where nearly all turn over fast (an overload) there is nowhere to keep a
+    copy, and the charge, largest on the slowest prefill, piled the copies onto the fast pods (the
+    mixed pool's B2B overload, p99 11.3 -> 17.8 s ungated, 15.5 s with any one pod to keep it);
+    at half, a mixed pool whose slower half is where the room is kept toggling (seed 3's p99 402
+    ms, at a quarter 293). The prediction does not change, only the ranking."""
+    turnovers: list[float] = []
+    for ep, p in zip(endpoints, found):
+        m = ep.metrics
+        capacity = m.cache_num_blocks * m.cache_block_size
+        # Uncached tokens per second sent here: its prefill seconds per second, at its speed for a
+        # prompt of this length.
+        seconds = PredictedLatencyProducer._own_prefill_seconds(ep, p.prompt_tokens, 0)
+        tokens_per_second = ep.load.prefill_utilization_at(now) * p.prompt_tokens / seconds if seconds > 0.0 else 0.0
+        turnovers.append(capacity / tokens_per_second if capacity > 0 and tokens_per_second > 0.0 else math.inf)
+    if sum(1 for t in turnovers if t >= _REUSE_HORIZON) * 4 < len(turnovers):
+        return
+    for p, turnover in zip(found, turnovers):
+        if turnover < _REUSE_HORIZON and p.own_prefill * 2 >= p.prompt_tokens:  # (holding half: not a copy)
+            p.eviction_charge = reused * (1.0 - turnover / _REUSE_HORIZON) * p.prefill_work_seconds
+            p.cost += p.eviction_charge
 
 
 def _kv_utilization(ep: Endpoint) -> float:
