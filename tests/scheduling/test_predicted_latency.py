@@ -290,7 +290,8 @@ def test_a_long_cold_prompt_is_not_sent_to_a_slow_idle_pod_to_spare_the_busy_fas
 
 def test_the_share_of_cold_prompts_asked_for_again_is_learned_from_the_block_keys() -> None:
     """`ColdReuse`: a cold prompt is remembered by one key inside its first half; a later request
-    sharing that much of it counts it reused, the window passing first counts it not. Starts at 1
+    sharing that much of it counts it reused (and is told it came back), the window passing first
+    counts it not. Starts at 1
     (no evidence: the bound stays out), bounded in memory, and blind to short prompts and to
     prompts a pod already holds."""
     def prompt(doc: int, blocks: int, tail: int = 0) -> list[int]:
@@ -298,8 +299,8 @@ def test_the_share_of_cold_prompts_asked_for_again_is_learned_from_the_block_key
 
     documents = ColdReuse(window=10.0, alpha=0.1)
     for doc in range(40):  # each document's first request is cold, its second (3 s on) shares it
-        documents.observe(prompt(doc, 60), 0, doc * 1.0)
-        documents.observe(prompt(doc, 60, tail=1), 60, doc * 1.0 + 3.0)
+        assert not documents.observe(prompt(doc, 60), 0, doc * 1.0)
+        assert documents.observe(prompt(doc, 60, tail=1), 60, doc * 1.0 + 3.0)  # it came back
     assert documents.share > 0.9 and documents.resolved >= 30
 
     unrelated = ColdReuse(window=10.0, alpha=0.1)
@@ -796,11 +797,12 @@ def test_a_pod_whose_kv_cache_is_fuller_than_its_compute_is_as_busy_as_its_cache
     assert all(most[a].cost == pytest.approx(baseline[a].cost) for a in addresses)
 
 
-def evicting(reused: float, *, blocks: int = 2000, warm: bool = False, busy_pods: int = 1,
+def evicting(reused: float, *, blocks: int = 2000, warm: bool = False, busy_pods: int = 1, returned: bool = True,
              eviction_charge: bool = True) -> tuple[list[str], dict[str, Prediction]]:
     """A ~1,000-token prompt over `PODS` idle pods of `blocks` KV blocks each, when `reused` of the
     pool's cold prompts come back; the first `busy_pods` have lately been sent 0.8 pod-seconds of
-    prefill per second (their caches turn over fast when small); `warm`: the first holds the prompt."""
+    prefill per second (their caches turn over fast when small); `warm`: the first holds the prompt;
+    `returned`: it came in cold a second before."""
     store = pool()
     for ep in store.endpoints():
         ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=blocks, update_time=99.99))
@@ -811,6 +813,8 @@ def evicting(reused: float, *, blocks: int = 2000, warm: bool = False, busy_pods
         busy.load.mark_scrape()
     producer = PredictedLatencyProducer(datastore=store, eviction_charge=eviction_charge)
     producer.prefix_producer = LatencyScorer("match")  # only its name: where the match is found
+    if returned:
+        producer.cold_reuse.observe(list(range(64)), 0, 99.0)
     producer.cold_reuse.share = reused
     addresses = [ep.address for ep in store.endpoints()]
     cycle = CycleState()
@@ -821,14 +825,14 @@ def evicting(reused: float, *, blocks: int = 2000, warm: bool = False, busy_pods
 
 
 def test_a_copy_on_a_pod_whose_cache_turns_over_fast_is_charged_its_recompute() -> None:
-    """Where the pool's cold prompts mostly come back, a prompt placed on a pod is placed for its
-    later requests too; on a pod whose cache turns over (its capacity over the uncached tokens
-    per second lately sent there) in under 30 s they likely find it evicted and compute it
-    again. That recompute is charged: its own prefill there x the reuse share x (1 - turnover /
-    30 s). Not on a pod that keeps it (a large cache, or no prefill sent), not on a pod that
-    holds the prompt, not where cold prompts are mostly not reused, not when turned off; the
-    prediction does not move. Only while at least a quarter of the candidates' caches outlast the
-    30 s."""
+    """A prompt that comes back soon after it came in cold is placed for its later requests too;
+    on a pod whose cache turns over (its capacity over the uncached tokens per second lately sent
+    there) in under 30 s they likely find it evicted and compute it again. That recompute is
+    charged: its own prefill there x the pool's reuse share x (1 - turnover / 30 s). Not on a pod
+    that keeps it (a large cache, or no prefill sent), not on a pod that holds the prompt, not
+    for a prompt that has not come back, not where cold prompts are mostly not reused, not when
+    turned off; the prediction does not move. Only while at least a quarter of the candidates'
+    caches outlast the 30 s."""
     addresses, got = evicting(0.9)
     busy, idle = got[addresses[0]], got[addresses[1]]
     assert 0.0 < busy.eviction_charge <= 0.9 * busy.prefill_work_seconds
@@ -852,6 +856,8 @@ def test_a_copy_on_a_pod_whose_cache_turns_over_fast_is_charged_its_recompute() 
     assert warm[addresses[0]].eviction_charge == 0.0
     _, one_off = evicting(0.3)  # API calls: where one lands says nothing of later requests
     assert all(p.eviction_charge == 0.0 for p in one_off.values())
+    _, first = evicting(0.9, returned=False)  # its first request: it may never come back
+    assert all(p.eviction_charge == 0.0 for p in first.values())
     # While a quarter of the pool keeps what it is sent; not where every cache turns over fast (an
     # overload: there is nowhere to keep a copy).
     _, most = evicting(0.9, busy_pods=PODS - PODS // 4)

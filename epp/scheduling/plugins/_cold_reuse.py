@@ -7,7 +7,8 @@ batch jobs: the loss would land whole on one request). It is wrong for the first
 document or a conversation that will be reused: where it lands, by cache affinity, its later
 requests follow, and bounded onto the few fast pods, a pool's documents pile up there
 (BENCHMARKS.md: 8 H100 + 8 A100, B2B shared context p99 587 -> 744 ms). Which of the two a pool
-serves shows in its recent cold prompts, so the bound asks this.
+serves shows in its recent cold prompts, so the bound asks this. The predicted-latency producer's
+eviction charge asks the other thing it knows: whether this request brings a prompt back.
 
 A cold prompt (no pod holds a quarter of its blocks; at least `_MIN_BLOCKS` long: a short one's
 place hardly matters, and its first blocks are often a chat template's header every request
@@ -44,8 +45,9 @@ class ColdReuse:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def observe(self, hashes: Sequence[int], most_matched: int, now: float) -> None:
-        """One request: its block keys and the most of them any pod holds."""
+    def observe(self, hashes: Sequence[int], most_matched: int, now: float) -> bool:
+        """One request: its block keys and the most of them any pod holds. True when it carries a
+        remembered cold prompt's key (a prompt asked for again)."""
         pending = self._pending
         while pending:  # the window passed: not asked for again
             key, at = next(iter(pending.items()))
@@ -54,10 +56,12 @@ class ColdReuse:
             del pending[key]
             self._resolve(False)
         total = len(hashes)
+        returned = False
         position = 2
         while position < total:  # a later request sharing a remembered prompt's key
             if pending.pop(hashes[position], None) is not None:
                 self._resolve(True)
+                returned = True
             position *= 2
         if total >= _MIN_BLOCKS and most_matched * 4 < total:
             key = hashes[_key_position(total)]
@@ -66,6 +70,7 @@ class ColdReuse:
             if len(pending) > self._capacity:
                 pending.popitem(last=False)
                 self._resolve(False)
+        return returned
 
     def _resolve(self, reused: bool) -> None:
         self.resolved += 1

@@ -43,9 +43,9 @@ prediction with the prefill each pod will compute again, and a copy of a prefix 
 charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
 prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
 at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
-compute and its KV cache in the externality (`_kv_utilization`). Where the pool's cold prompts
-mostly come back, a new copy of a prompt on a pod whose cache turns over too fast to keep it is
-charged the recompute of its next request (`_charge_evictions`).
+compute and its KV cache in the externality (`_kv_utilization`). A prompt that comes back soon
+after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
+recompute of its next request (`_charge_evictions`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -73,9 +73,10 @@ Parameters (all optional):
 - `kvUtilization` (true): a pod's KV cache use is its utilisation where that exceeds its compute's
   (`_kv_utilization`), so long generations do not fill the caches of the pods that are fastest
   until they preempt while others have room.
-- `evictionCharge` (true): where the pool's cold prompts mostly come back, charge a new copy of a
-  prompt on a pod whose cache turns over in under 30 s the recompute its later requests will
-  likely need there (`_charge_evictions`), so reused contexts settle on pods with room to keep them.
+- `evictionCharge` (true): charge a copy of a prompt that came back (asked for again soon after
+  it came in cold) on a pod whose cache turns over in under 30 s the recompute its next request
+  will likely need there (`_charge_evictions`), so reused contexts settle on pods with room to
+  keep them.
 
 ```yaml
 plugins:
@@ -220,8 +221,9 @@ class PredictedLatencyProducer(DataProducer):
         prompt = stats.prompt_tokens(len(request.prompt))
         output = max(1, stats.expected_output(request.max_tokens))
         now = self.datastore.clock()
+        returned = False  # a prompt asked for again that came in cold (`_charge_evictions`)
         if match is not None and match.hashes:
-            self.cold_reuse.observe(match.hashes, max(match.matched.values(), default=0), now)
+            returned = self.cold_reuse.observe(match.hashes, max(match.matched.values(), default=0), now)
         arrivals = self._arrival_rate(now) / max(1, len(endpoints))
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         # A pod's KV counts as its utilisation while at least half the candidates have room in
@@ -236,7 +238,7 @@ class PredictedLatencyProducer(DataProducer):
             self._rank_saturated(found)
         elif self.drain_charge and full * 2 <= len(endpoints):
             _charge_drain(found)
-        if self.eviction_charge and not saturated and self.cold_reuse.share >= _REUSED:
+        if self.eviction_charge and returned and not saturated and self.cold_reuse.share >= _REUSED:
             _charge_evictions(endpoints, found, now, self.cold_reuse.share)
         if match is not None and self.copy_credit:
             self._credit_copies(endpoints, found, match, now, room=full == 0)
@@ -894,24 +896,26 @@ def _charge_drain(found: list[Prediction]) -> None:
 
 
 def _charge_evictions(endpoints: list[Endpoint], found: list[Prediction], now: float, reused: float) -> None:
-    """Charge a new copy of the prompt on a pod whose cache turns over too fast to keep it.
+    """Charge a copy of a prompt that came back on a pod whose cache turns over too fast to keep it.
 
-    Where a pool's cold prompts mostly come back (`reused`: documents, conversations), a prompt
-    placed on a pod is placed for its later requests too, and they find it only if the pod still
-    holds it. A pod's cache turns over in its KV capacity over the uncached prompt tokens per
+    A prompt asked for again soon after it came in cold (`ColdReuse`: a document, a conversation,
+    a customer's context) is placed for its later requests too, and they find it only if the pod
+    still holds it. A pod's cache turns over in its KV capacity over the uncached prompt tokens per
     second lately sent to it; a copy on a pod that turns over in under `_REUSE_HORIZON` seconds is
-    likely evicted before its next request, which then computes it again. So the cost of a
+    likely evicted before the next request, which then computes it again. So the cost of a
     candidate that holds less than half the prompt is charged that recompute: its own prefill
-    there × `reused` × (1 − turnover / horizon). Diagnosed on 8 H100 + 8 A100 pods, B2B shared
-    context (seed 3): the H100s' faster prefill drew 82% of the traffic and 32-42 customer
-    contexts each where ~10 fit, so 31% of the requests after warm-up computed their 6k-token
-    context again, and the A100s (3-5 contexts each) had room; TTFT p99 471 ms against the
-    greedy oracle's 327 (BENCHMARKS.md). Only while at least a quarter of the candidates' caches
-    outlast the horizon: where nearly all turn over fast (an overload) there is nowhere to keep a
-    copy, and the charge, largest on the slowest prefill, piled the copies onto the fast pods (the
-    mixed pool's B2B overload, p99 11.3 -> 17.8 s ungated, 15.5 s with any one pod to keep it);
-    at half, a mixed pool whose slower half is where the room is kept toggling (seed 3's p99 402
-    ms, at a quarter 293). The prediction does not change, only the ranking."""
+    there × `reused` (the pool's share of cold prompts asked for again) × (1 − turnover / horizon).
+    Diagnosed on 8 H100 + 8 A100 pods, B2B shared context (seed 3): the H100s' faster prefill drew
+    82% of the traffic and 32-42 customer contexts each where ~10 fit, so 31% of the requests after
+    warm-up computed their 6k-token context again while the A100s (3-5 contexts each) had room;
+    TTFT p99 471 ms against the greedy oracle's 327, 311 with this (BENCHMARKS.md).
+    Only for a prompt that came back: charged for every prompt of a pool whose prompts are mostly
+    reused, a long one-off prompt or a system prompt's next chat was pushed off the fast pods onto
+    slow ones with a backlog (4 H100 + 12 A100 head-of-line p99 3.0 -> 43-51 s). Only while at
+    least a quarter of the candidates' caches outlast the horizon: where nearly all turn over fast
+    (an overload) there is nowhere to keep a copy, and the charge, largest on the slowest prefill,
+    piled the copies onto the fast pods (the mixed pool's B2B overload, p99 11.3 -> 17.8 s). The
+    prediction does not change, only the ranking."""
     turnovers: list[float] = []
     for ep, p in zip(endpoints, found):
         m = ep.metrics
