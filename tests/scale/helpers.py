@@ -52,17 +52,30 @@ class EppServe:
             args += ["--config-text", self.config_text]
         return args + self.extra
 
-    async def start(self, timeout: float = 90.0) -> None:
+    async def start(self, timeout: float = 90.0, attempts: int = 3) -> None:
+        """Start and wait for readiness. `free_port` hands out ports from the kernel's ephemeral
+        range, which any process's outgoing connection may take before `epp serve` binds them; a
+        start that fails to bind is retried on fresh ports."""
         env = {**os.environ, "PYTHONPATH": str(REPO), "GRPC_VERBOSITY": "ERROR"}
-        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
         deadline = asyncio.get_running_loop().time() + timeout
-        while not await self.ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"epp serve exited with {self.proc.returncode}:\n{self.log_text}")
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"epp serve not ready:\n{self.log_text}")
-            await asyncio.sleep(0.2)
+        for attempt in range(attempts):
+            self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+            while not await self.ready():
+                if self.proc.poll() is not None:
+                    log = self.log_text
+                    if "Address already in use" in log and attempt + 1 < attempts:
+                        break
+                    raise RuntimeError(f"epp serve exited with {self.proc.returncode}:\n{log}")
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"epp serve not ready:\n{self.log_text}")
+                await asyncio.sleep(0.2)
+            else:
+                return
+            self._log.seek(0)
+            self._log.truncate()
+            self.grpc_port, self.health_port, self.metrics_port, self.admin_port = (
+                free_port(), free_port(), free_port(), free_port())
 
     async def ready(self) -> bool:
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections import Counter
 
 import aiohttp
@@ -198,3 +199,19 @@ def scrapers(epp: EppServe) -> int:
         except OSError:
             pass
     return count
+
+
+async def test_the_harness_retries_a_start_whose_port_was_taken(pods) -> None:  # type: ignore[no-untyped-def]
+    """`free_port` hands out ephemeral ports another process may take before `epp serve` binds
+    them (a flake seen in a clean-clone run); the harness starts again on fresh ports."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    epp = EppServe([p.address for p in pods], workers=1, grpc_port=taken.getsockname()[1])
+    try:
+        await epp.start()
+        assert epp.grpc_port != taken.getsockname()[1]
+        assert await epp.ready()
+    finally:
+        epp.stop()
+        taken.close()
