@@ -57,6 +57,11 @@ class EndpointMetrics:
     itl_sum: float = field(default=0.0, compare=False)
     itl_count: float = field(default=0.0, compare=False)
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the pod's KV cache holds; 0 when it does not say its cache size."""
+        return self.cache_num_blocks * self.cache_block_size
+
 
 EMPTY_METRICS = EndpointMetrics()
 

@@ -67,14 +67,12 @@ class ModelStats:
         if output_tokens >= 0:
             output = min(output_tokens, 1 << 20)
             self.mean_output_tokens += alpha * (output - self.mean_output_tokens)
+            reached = False  # generated all of its max_tokens (those are no sample of a natural length)
             if max_tokens is not None and max_tokens > 0:
                 reached = output >= max_tokens
                 self.at_limit += _alpha(self.limited_samples) * ((1.0 if reached else 0.0) - self.at_limit)
                 self.limited_samples += 1
-                if not reached:
-                    self.mean_free_output += _alpha(self.free_samples) * (output - self.mean_free_output)
-                    self.free_samples += 1
-            else:
+            if not reached:
                 self.mean_free_output += _alpha(self.free_samples) * (output - self.mean_free_output)
                 self.free_samples += 1
         self.samples += 1

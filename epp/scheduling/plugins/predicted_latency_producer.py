@@ -511,8 +511,7 @@ class PredictedLatencyProducer(DataProducer):
                 if load.requests + unexplained >= ep.batch_limit.limit(assumed_seqs):
                     wait, paced_wait, ranked_only = self._slot_wait(ep, decoding, context, ending_output, unexplained,
                                                                     assumed_seqs, now, length_certainty)
-                m = metrics
-                if m.cache_num_blocks * m.cache_block_size > 0:
+                if metrics.kv_capacity_tokens > 0:
                     kv_wait = self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding,
                                             context, ending_output)
                     wait += kv_wait
@@ -831,7 +830,7 @@ class PredictedLatencyProducer(DataProducer):
         """KV tokens free on the pod (None: it does not say its cache size): the scrape's, less
         what the EPP sent since (its ledger grew by that much)."""
         m = ep.metrics
-        capacity = m.cache_num_blocks * m.cache_block_size
+        capacity = m.kv_capacity_tokens
         if capacity <= 0:
             return None
         used = max(m.kv_cache_usage * capacity, 0.0) + max(0, ep.load.footprint_tokens - ep.load.footprint_at_scrape)
@@ -918,8 +917,7 @@ def _charge_evictions(endpoints: list[Endpoint], found: list[Prediction], now: f
     prediction does not change, only the ranking."""
     turnovers: list[float] = []
     for ep, p in zip(endpoints, found):
-        m = ep.metrics
-        capacity = m.cache_num_blocks * m.cache_block_size
+        capacity = ep.metrics.kv_capacity_tokens
         # Uncached tokens per second sent here: its prefill seconds per second, at its speed for a
         # prompt of this length.
         seconds = PredictedLatencyProducer._own_prefill_seconds(ep, p.prompt_tokens, 0)
@@ -945,7 +943,7 @@ def _kv_utilization(ep: Endpoint) -> float:
     1.2-1.6x the greedy oracle's (BENCHMARKS.md). Counted in
     uncached tokens since the scrape: a prompt that hits a prefix the pod holds shares its blocks."""
     m = ep.metrics
-    capacity = m.cache_num_blocks * m.cache_block_size
+    capacity = m.kv_capacity_tokens
     if capacity <= 0:
         return 0.0
     load = ep.load
