@@ -130,6 +130,28 @@ def test_a_pod_yet_to_show_its_batch_limit_is_held_to_the_one_its_pool_showed() 
     assert predictions(store, request("q" * 400))[unknown.address].wait_seconds == 0.0
 
 
+def test_a_pod_that_runs_more_than_its_pool_showed_runs_another_configuration() -> None:
+    """A pool mid-rollout, or groups given other engine flags: pods of 8 slots beside pods of
+    many. A pod seen running more than the 8 the others showed is held to the configured limit
+    (`maxNumSeqs`) until its own scrapes show one, not to the most it has run: held to that, it
+    looked full at every count it reached."""
+    store = pool()
+    small, big, _, _ = store.endpoints()
+    for t in range(4):
+        small.batch_limit.observe(8, 2, 0.2 + t * 0.01, 0, 8192)
+    big.batch_limit.observe(12, 0, 0.3, 0, 8192)
+    for _ in range(12):  # as many in flight as it was ever seen running
+        item = Outstanding(100, 0, 200, 100.0, predicted_ttft=0.0)
+        big.load.add(item, 100.0)
+        big.load.first_byte(item, 100.0)
+    assert predictions(store, request("q" * 400))[big.address].wait_seconds == 0.0
+    assert big.batch_limit.limit(8) == 12 and big.batch_limit.limit(8, 256) == 256
+    for t in range(4):  # then its own scrapes show its limit
+        big.batch_limit.observe(12, 3, 0.4 + t * 0.01, 0, 8192)
+    assert big.batch_limit.limit(8, 256) == 12
+    assert predictions(store, request("q" * 400))[big.address].wait_seconds > 0.0
+
+
 def test_a_lora_adapter_without_a_free_slot_waits_for_one() -> None:
     store = pool(models=frozenset({"base"}), active_models=frozenset({"a", "b"}), max_active_models=2,
                  running_requests=4)

@@ -508,7 +508,7 @@ class PredictedLatencyProducer(DataProducer):
             wait = paced_wait = ranked_only = 0.0
             if decoding > 0.0:
                 ending_output = running_output / decoding  # of the requests running there
-                if load.requests + unexplained >= ep.batch_limit.limit(assumed_seqs):
+                if load.requests + unexplained >= ep.batch_limit.limit(assumed_seqs, self.prior.max_num_seqs):
                     wait, paced_wait, ranked_only = self._slot_wait(ep, decoding, context, ending_output, unexplained,
                                                                     assumed_seqs, now, length_certainty)
                 if metrics.kv_capacity_tokens > 0:
@@ -763,7 +763,8 @@ class PredictedLatencyProducer(DataProducer):
         `maxNumSeqs`. Learned pod by pod, the pods that had shown their limit looked full and the
         one that had not drew every request until it ran twice its slots (`bench.routing hol`'s
         pods, `max_num_seqs` 8: TTFT p99 3x the oracle's, BENCHMARKS.md). A pod that runs more
-        than that is not held to it (`BatchLimit.limit`)."""
+        than that runs another configuration, and is held to `maxNumSeqs` until its own scrapes
+        show its limit (`BatchLimit.limit`)."""
         shown = [ep.batch_limit.most_running for ep in endpoints if ep.batch_limit.taken]
         return min(self.prior.max_num_seqs, min(shown)) if shown else self.prior.max_num_seqs
 
@@ -788,7 +789,7 @@ class PredictedLatencyProducer(DataProducer):
         requests crowded full pods (`head-of-line` on 8 H100 + 8 A100, TTFT p90 +23–94% on three
         seeds)."""
         running = ep.load.requests + unexplained
-        limit = ep.batch_limit.limit(assumed_seqs)
+        limit = ep.batch_limit.limit(assumed_seqs, self.prior.max_num_seqs)
         if running < limit or decoding <= 0.0:
             return 0.0, 0.0, 0.0
         step = ep.service.step_seconds(decoding, context)
