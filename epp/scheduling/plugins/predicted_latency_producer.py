@@ -115,6 +115,8 @@ _RATE_WINDOW = 10.0  # seconds
 _MAX_UTILIZATION = 0.95
 _SPEED_MARGIN = 0.25  # pods learned within this of each other are not told apart by speed
 _MAX_ENDS_LOOKED_UP = 16  # the deepest expected end looked up for a slot wait (cost: a heap's k smallest)
+# A slot wait of unknown lengths is ranked at its mean + this many standard deviations (`_slot_wait`).
+_SLOT_WAIT_SPREAD = 2.0
 _ADAPTER_LOAD_SECONDS = 0.02  # loading a LoRA adapter into a free slot (host to GPU copy)
 _KV_FULL = 0.9  # scraped KV use from which a pod with a queue admits at the pace requests end
 # The eviction charge: a pool whose cold prompts mostly come back (`ColdReuse`) and how long a
@@ -787,7 +789,16 @@ class PredictedLatencyProducer(DataProducer):
         two, as it keeps the mean's pace over the faster real one (a pod full of long generations
         stays full for the requests after this one): ranked on the expected ends alone, short
         requests crowded full pods (`head-of-line` on 8 H100 + 8 A100, TTFT p90 +23–94% on three
-        seeds)."""
+        seeds).
+
+        The paced wait is a mean, and the widest-spread part of a TTFT: with the lengths unknown,
+        the running requests end as a random stream, so the wait for the `needed`-th end has a
+        standard deviation of the mean / √needed (an Erlang wait: as large as the mean itself
+        for the next free slot). The bars are on the tail, so the ranking (never the
+        prediction) takes the paced part at its mean + `_SLOT_WAIT_SPREAD` standard deviations:
+        ranked at its mean, a full pod holding a prompt's prefix drew 9% of the requests on
+        pods of 32 slots beside pods of 256, predicted a 38 ms wait, and waited up to 10× that
+        (`zipf-system-prompts`, TTFT p99 186 ms against the greedy oracle's 77; 59 ranked so)."""
         running = ep.load.requests + unexplained
         limit = ep.batch_limit.limit(assumed_seqs, self.prior.max_num_seqs)
         if running < limit or decoding <= 0.0:
@@ -797,17 +808,19 @@ class PredictedLatencyProducer(DataProducer):
         paced = needed / self._completions_per_second(step, decoding, mean_output)
         # (deeper than the cap, the cap's end: a lower bound, so never a deep queue's advantage)
         steps = ep.load.steps_until_end(min(needed, _MAX_ENDS_LOOKED_UP), now) if length_certainty > 0.0 else -1.0
+        spread = _SLOT_WAIT_SPREAD / math.sqrt(needed)  # of the paced part, ranked only
         if steps < 0.0:  # lengths not known, or too few of our requests there to say
-            return paced, paced, 0.0
+            return paced * (1.0 + spread), paced, paced * spread
         # Priced at the decode step of the batch now: the count's pace (prefill chunks that came
         # and went) says how fast steps went, not how the next ones will (divided by it, the
         # 4:12 load balancing's TTFT prediction error went 9.4% → 11.8%, its p99 7.1 → 12.7 s).
         expected = steps * step
         paced_part = (1.0 - length_certainty) * paced
-        ranked = length_certainty * max(expected, paced) + paced_part
+        tail = paced_part * spread
+        ranked = length_certainty * max(expected, paced) + paced_part + tail
         if needed > _MAX_ENDS_LOOKED_UP:  # a bound, not the expected end: the prediction is the ranking's
-            return ranked, paced_part, 0.0
-        return ranked, paced_part, length_certainty * max(0.0, paced - expected)
+            return ranked, paced_part, tail
+        return ranked, paced_part, length_certainty * max(0.0, paced - expected) + tail
 
     def _adapter_wait(self, ep: Endpoint, model: str, decoding: float, context: float, mean_output: float) -> float:
         """Seconds until a LoRA adapter the pod is not running can join its batch: vLLM runs at
