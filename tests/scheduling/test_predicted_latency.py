@@ -905,6 +905,30 @@ def test_kv_use_counts_the_uncached_prompts_sent_since_the_scrape() -> None:
     assert _kv_utilization(ep) == 0.0
 
 
+def test_kv_use_counts_the_output_the_decoding_requests_have_yet_to_write() -> None:
+    """A scrape shows what the running requests hold, not what they will: a long generation grows
+    its blocks until it ends. Half of each decoding request's expected output is counted (about
+    half way through it), so a pod full of long generations reads fuller than one as full now
+    whose requests are about to end."""
+    from epp.scheduling.plugins.predicted_latency_producer import _kv_utilization
+
+    store = pool(kv_cache_usage=0.5)
+    long_gens, short_ones = store.endpoints()[:2]
+    items = []
+    for ep, output in ((long_gens, 8000), (short_ones, 20)):
+        for _ in range(10):
+            item = Outstanding(1000, 0, output, 99.0, predicted_ttft=0.05)
+            ep.load.add(item, 99.0)
+            ep.load.first_byte(item, 99.05)
+            items.append((ep, item))
+        ep.load.mark_scrape()
+    assert _kv_utilization(long_gens) == pytest.approx(0.5 + 10 * 4000 / 320_000)
+    assert _kv_utilization(short_ones) == pytest.approx(0.5 + 10 * 10 / 320_000)
+    for ep, item in items:
+        ep.load.release(item, 100.0)
+    assert _kv_utilization(long_gens) == pytest.approx(0.5)  # ended: nothing more to write
+
+
 def test_a_saturated_pool_prefers_the_holder_that_still_has_the_prefix() -> None:
     """Two pods hold a document by the index; one's requests in flight pin more prefixes than its
     cache holds, so it is expected to compute the document again (`recompute_share`). The ranking
