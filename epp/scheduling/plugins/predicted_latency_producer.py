@@ -71,8 +71,9 @@ Parameters (all optional):
 - `drainCharge` (true): charge a cold prompt a full pod's drain (`_charge_drain`), so it goes to a
   pod with room instead of queueing for admission behind a full one.
 - `kvUtilization` (true): a pod's KV cache use (with the output its running requests have yet to
-  write) is its utilisation where that exceeds its compute's (`_kv_utilization`), so long generations do not fill the caches of the pods that are fastest
-  until they preempt while others have room.
+  write) is its utilisation where that exceeds its compute's (`_kv_utilization`), so long
+  generations do not fill the caches of the pods that are fastest until they preempt while
+  others have room.
 - `evictionCharge` (true): charge a copy of a prompt that came back (asked for again soon after
   it came in cold) on a pod whose cache turns over in under 30 s the recompute its next request
   will likely need there (`_charge_evictions`), so reused contexts settle on pods with room to
