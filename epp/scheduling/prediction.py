@@ -72,6 +72,10 @@ class Prediction:
     # Added to `cost` for a new copy of a reused prompt on a pod whose cache turns over too fast to
     # keep it: the expected recompute of its later requests there (0: none).
     eviction_charge: float = 0.0
+    # The share of the pod's KV cache its requests would need beyond its capacity by this
+    # request's end (a pick that forces preemption): it raises the busy factor in `cost` past its
+    # cap (0: none).
+    kv_overflow: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
@@ -84,6 +88,7 @@ class Prediction:
                 + (f",drain={self.drain_seconds * 1e3:.1f}ms" if self.drain_seconds else "")
                 + (f",drain_charge={self.drain_charge * 1e3:.1f}ms" if self.drain_charge else "")
                 + (f",eviction_charge={self.eviction_charge * 1e3:.1f}ms" if self.eviction_charge else "")
+                + (f",kv_overflow={self.kv_overflow:.3f}" if self.kv_overflow else "")
                 + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
                 + (f",saturated={self.saturation_charge * 1e3:.1f}ms" if self.saturation_charge else "")
                 + (f",beyond_bound={self.beyond_bound * 1e3:.1f}ms" if self.beyond_bound else "")

@@ -1436,3 +1436,33 @@ def test_a_reused_prefix_held_by_one_pod_gets_a_second_holder() -> None:
     # (on the overloads of the mixed pools such copies put the TTFT p99 1.46x up).
     busy = picks(1, gap=0.3, full=True)
     assert not any(p.copy_reason == "choice" for p in busy)
+
+
+def test_a_pick_that_would_overflow_the_kv_cache_is_charged_past_the_busy_cap() -> None:
+    """Two pods at their compute cap (every pod of a pool near its decode capacity reads so),
+    each running 70 long generations; one's cache holds more already. With what those have yet
+    to write, a long request there would need more KV than the pod has: vLLM would preempt and
+    admit nothing meanwhile. Its busy factor continues past the cap by the overflow, so the pod
+    with room wins by far more than the cap alone gives (it saw them equal). The running
+    requests overflow the fuller pod whatever is sent there, so a short request is charged too
+    (it would wait out the stall); on the pod with room it overflows nothing."""
+    store = pool()
+    fuller, roomier = store.endpoints()[:2]
+    for ep, usage in ((fuller, 0.85), (roomier, 0.5)):
+        for _ in range(70):
+            item = Outstanding(4000, 0, 2000, 99.0, predicted_ttft=0.05)
+            ep.load.add(item, 99.0, work_seconds=5.0)
+            ep.load.first_byte(item, 99.05)
+        ep.load.mark_scrape()
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=usage,
+                                          running_requests=70, update_time=99.99))
+    long = predictions(store, request("x" * 16_000, max_tokens=2000))
+    full, room = long[fuller.address], long[roomier.address]
+    # held + half the running outputs to come + this prompt and output, beyond the capacity
+    assert full.kv_overflow == pytest.approx(0.85 + 70_000 / 320_000 + (4_000 + 2_000) / 320_000 - 1.0, rel=0.02)
+    assert room.kv_overflow == 0.0
+    full_ext, room_ext = full.cost - full.credited_ttft, room.cost - room.credited_ttft
+    assert full_ext > 2.5 * room_ext  # 20 x (1 + 20 x 0.0875) against 20
+    assert "kv_overflow=" in full.compact()
+    short = predictions(store, request("x" * 16_000, max_tokens=10))
+    assert short[fuller.address].kv_overflow > 0.0 and short[roomier.address].kv_overflow == 0.0

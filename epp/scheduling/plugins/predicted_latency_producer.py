@@ -43,7 +43,8 @@ prediction with the prefill each pod will compute again, and a copy of a prefix 
 charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
 prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
 at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
-compute and its KV cache in the externality (`_kv_utilization`). A prompt that comes back soon
+compute and its KV cache in the externality (`_kv_utilization`), and past the cap where the
+pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
 after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
 recompute of its next request (`_charge_evictions`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
@@ -71,9 +72,10 @@ Parameters (all optional):
 - `drainCharge` (true): charge a cold prompt a full pod's drain (`_charge_drain`), so it goes to a
   pod with room instead of queueing for admission behind a full one.
 - `kvUtilization` (true): a pod's KV cache use (with the output its running requests have yet to
-  write) is its utilisation where that exceeds its compute's (`_kv_utilization`), so long
-  generations do not fill the caches of the pods that are fastest until they preempt while
-  others have room.
+  write) is its utilisation where that exceeds its compute's (`_kv_utilization`), and a pick
+  that would overflow the cache is charged past the utilisation cap by the overflow
+  (`_kv_overflow`), so long generations do not fill the caches of the pods that are fastest until
+  they preempt while others have room.
 - `evictionCharge` (true): charge a copy of a prompt that came back (asked for again soon after
   it came in cold) on a pod whose cache turns over in under 30 s the recompute its next request
   will likely need there (`_charge_evictions`), so reused contexts settle on pods with room to
@@ -126,6 +128,7 @@ _REUSED = 0.5
 _REUSE_HORIZON = 30.0  # seconds
 # What a second of avoidable prefill costs a saturated pool: the externality's u / (1 - u) at its cap.
 _SATURATED = _MAX_UTILIZATION / (1.0 - _MAX_UTILIZATION)
+_BUSY_CAP = 1.0 / (1.0 - _MAX_UTILIZATION)  # the busy factor 1 / (1 - u) at the cap
 
 
 class PredictedLatencyProducer(DataProducer):
@@ -535,15 +538,24 @@ class PredictedLatencyProducer(DataProducer):
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
             else:
                 utilization = prefill_utilization = rate = 0.0
+            kv_overflow = 0.0
             if kv_floor:
-                utilization = max(utilization, _kv_utilization(ep))
+                kv_use = _kv_utilization(ep)
+                utilization = max(utilization, kv_use)
+                capacity = metrics.kv_capacity_tokens
+                if capacity > 0:  # _kv_overflow, inline
+                    kv_overflow = max(0.0, min(kv_use + (own + output) / capacity - 1.0,
+                                               (running_output * 0.5 + output) / capacity))
             u = min(_MAX_UTILIZATION, utilization)
+            busy = 1.0 / (1.0 - u)
+            if kv_overflow > 0.0:
+                busy = max(busy, _BUSY_CAP * (1.0 + kv_overflow * _BUSY_CAP))
             u_prefill = min(_MAX_UTILIZATION, prefill_utilization)
             arrivals = max(rate, arrivals_per_pod)
             lifetime = output * step
             newcomer_waits = 0.5 + max(1, math.ceil(queued / budget))
             blocking = own_seconds * (own - budget) / own if own > budget else 0.0
-            externality = (newcomer_waits * share * arrivals * lifetime / (1.0 - u)
+            externality = (newcomer_waits * share * arrivals * lifetime * busy
                            + (own_seconds * u_prefill + rate * blocking * blocking * 0.5) / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
@@ -574,7 +586,7 @@ class PredictedLatencyProducer(DataProducer):
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
                               own_seconds, recompute_tokens=recompute, credited_ttft=credited,
                               recompute_seconds=recompute_seconds, paced_wait_seconds=reported_wait,
-                              raw_ttft=raw_ttft, drain_seconds=drain))
+                              raw_ttft=raw_ttft, drain_seconds=drain, kv_overflow=kv_overflow))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -635,11 +647,17 @@ class PredictedLatencyProducer(DataProducer):
         share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
         own_seconds = self._own_prefill_seconds(ep, own, cached)
         work = own_seconds + output * share
-        # ... of its compute, or of its KV cache where that is fuller (`_kv_utilization`).
+        # ... of its compute, or of its KV cache where that is fuller (`_kv_utilization`); and
+        # beyond the cap where the pick would overflow the KV cache (`_kv_overflow`).
         utilization = load.utilization_at(now)
+        kv_overflow = 0.0
         if kv_floor:
             utilization = max(utilization, _kv_utilization(ep))
+            kv_overflow = _kv_overflow(ep, own, output, running_output)
         u = min(_MAX_UTILIZATION, utilization)
+        busy = 1.0 / (1.0 - u)
+        if kv_overflow > 0.0:  # the tangent of 1 / (1 - u) at the cap, continued by the overflow
+            busy = max(busy, _BUSY_CAP * (1.0 + kv_overflow * _BUSY_CAP))
         u_prefill = min(_MAX_UTILIZATION, load.prefill_utilization_at(now))
         arrivals = max(load.rate_at(now), arrivals_per_pod)
         lifetime = output * step  # its decode, at the pod's steady step (the queued prefill passes)
@@ -650,7 +668,7 @@ class PredictedLatencyProducer(DataProducer):
         # on average (M/G/1's λ·S²/2, at the pod's own pick rate). A cold copy of a long document
         # on a pod that others' requests keep coming to costs them that.
         blocking = own_seconds * (own - budget) / own if own > budget else 0.0
-        externality = (newcomer_waits * share * arrivals * lifetime / (1.0 - u)
+        externality = (newcomer_waits * share * arrivals * lifetime * busy
                        + (own_seconds * u_prefill + load.rate_at(now) * blocking * blocking * 0.5) / (1.0 - u_prefill))
         # A full cache evicts some other prompt's prefix for this one's new blocks: that prompt's
         # next request pays the prefill again.
@@ -712,6 +730,7 @@ class PredictedLatencyProducer(DataProducer):
             paced_wait_seconds=reported_wait,
             raw_ttft=raw_ttft,
             drain_seconds=drain,
+            kv_overflow=kv_overflow,
         )
 
     @staticmethod
@@ -972,6 +991,31 @@ def _kv_utilization(ep: Endpoint) -> float:
     used = (max(m.kv_cache_usage, 0.0) * capacity + max(0, load.prefill_total - load.prefill_total_at_scrape)
             + load.decode_output * 0.5)
     return used / capacity
+
+
+def _kv_overflow(ep: Endpoint, own: int, output: int, running_output: float) -> float:
+    """The share of the pod's KV cache its requests would need beyond its capacity with this
+    request's: a pick that forces preemption (0: none).
+
+    `_kv_utilization` counts what the pod holds and is about to (the outputs its running
+    requests have yet to write, about half of each); on top of that, this request's uncached
+    prompt and its output. Only what the outputs write counts as overflow (theirs and its own):
+    a prompt that does not fit now waits for blocks to free (`_kv_wait`), where vLLM admits it.
+
+    vLLM preempts the newest running request when a step finds no free block, and admits
+    nothing while its cache is short: every request queued on the pod then waits for running
+    ones to end. The busy factor's cap (u = 0.95) cannot see that, since a pool near its decode
+    capacity reads at the cap on every pod; so an overflowing pick's busy factor continues
+    along the tangent of 1 / (1 - u) past the cap, by the overflow. Diagnosed on 8 H100 + 8 A100
+    pods, `head-of-line` seed 4: every pod read at the cap, one H100 that short requests
+    avoided drew 37 long generations in 5 s (2-4 on each other pod), its cache overflowed, it
+    preempted and admitted nothing for a minute, and 1% of the requests waited 40-60 s (TTFT
+    p99 1,296 ms against the weighted sum's 981; BENCHMARKS.md)."""
+    capacity = ep.metrics.kv_capacity_tokens
+    if capacity <= 0:
+        return 0.0
+    return max(0.0, min(_kv_utilization(ep) + (own + output) / capacity - 1.0,
+                        (running_output * 0.5 + output) / capacity))
 
 
 def _full_with_queue(metrics: EndpointMetrics) -> bool:
