@@ -1010,7 +1010,8 @@ def _kv_overflow(ep: Endpoint, own: int, output: int, running_output: float) -> 
     pods, `head-of-line` seed 4: every pod read at the cap, one H100 that short requests
     avoided drew 37 long generations in 5 s (2-4 on each other pod), its cache overflowed, it
     preempted and admitted nothing for a minute, and 1% of the requests waited 40-60 s (TTFT
-    p99 1,296 ms against the weighted sum's 981; BENCHMARKS.md)."""
+    p90 / p99 195 / 1,296 ms against the weighted sum's 380 / 981; 159 / 585 so; BENCHMARKS.md).
+    Counted only while at least half the candidates' caches have room (as `_kv_utilization`)."""
     capacity = ep.metrics.kv_capacity_tokens
     if capacity <= 0:
         return 0.0
