@@ -72,9 +72,9 @@ class Prediction:
     # Added to `cost` for a new copy of a reused prompt on a pod whose cache turns over too fast to
     # keep it: the expected recompute of its later requests there (0: none).
     eviction_charge: float = 0.0
-    # The share of the pod's KV cache its requests would need beyond its capacity by this
-    # request's end (a pick that forces preemption): it raises the busy factor in `cost` past its
-    # cap (0: none).
+    # The share of the pod's KV cache its requests would need beyond its capacity with this
+    # request's and what the running ones have yet to write (a pick that forces preemption): it
+    # raises the busy factor in `cost` past its cap (0: none).
     kv_overflow: float = 0.0
 
     def compact(self) -> str:
