@@ -10,8 +10,13 @@ KV use changed since the scrape before: arrivals alone move the queue), it is ta
 restarted with more slots shows more running, and the count starts again). In a row and moving,
 because a busy pod below its limit shows requests waiting too: the ones that arrived since its
 last step, admitted at the next, and a slow step (an A100 prefilling) outlasts several scrapes
-of one unchanged state. One scrape that is not at the limit with requests waiting starts again;
-a limit once taken is kept until the pod runs more.
+of one unchanged state. And more waiting than the requests the EPP sent the pod within its last
+two steps (`recent`, still without a first byte): those may be in that race too, and a pod under
+heavy traffic shows one or two so at almost every scrape. Counted as waiting for a slot, three
+scrapes in a row at its most running made a 256-slot pod's limit 62; every pod of the pool was
+then held to it (the limit the others showed) and ranked short of slots at 62 (`prefix-heavy`
+on 16 pods: a slot wait on 8 pods at thousands of picks). One scrape that is not at the limit
+with requests waiting starts again; a limit once taken is kept until the pod runs more.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ class BatchLimit:
     last: tuple[int, float] = (0, 0.0)  # the previous scrape's running and KV use
 
     def observe(self, running: int, waiting: int, kv_usage: float, prefill_backlog: int,
-                token_budget: int) -> None:
-        """One valid scrape; `prefill_backlog`: the ledger's queued prefill (tokens) at that moment."""
+                token_budget: int, recent: int = 0) -> None:
+        """One valid scrape; `prefill_backlog`: the ledger's queued prefill (tokens) at that moment;
+        `recent`: the EPP's requests to the pod sent within its last two steps, still without a
+        first byte (they may be waiting for the next step, not for a slot)."""
         if running > self.most_running:
             self.most_running = running
             self.confirmed = 0
@@ -40,7 +47,7 @@ class BatchLimit:
         if self.taken or state == self.last:
             return  # known, or the engine has not stepped since the last scrape
         self.last = state
-        if (running > 0 and running == self.most_running and waiting > 0 and kv_usage < _KV_ROOM
+        if (running > 0 and running == self.most_running and waiting > recent and kv_usage < _KV_ROOM
                 and prefill_backlog < token_budget // 2):
             self.confirmed += 1
             self.taken = self.confirmed >= CONFIRM

@@ -115,11 +115,16 @@ class Endpoint:
 
     def update_metrics(self, metrics: EndpointMetrics) -> None:
         """A new valid scrape (the data layer's one write): the ledger notes what it held then."""
+        # What the EPP sent in the last two steps may wait for the next one (the scraped gauges
+        # are the last step's end, and it admits what arrived during it).
+        step = self.load.step_seconds
+        since = metrics.update_time - 2.0 * step if step > 0.0 else self.metrics.update_time
         self.metrics = metrics
         self.metrics_valid = True
         self.load.mark_scrape()
         self.batch_limit.observe(metrics.running_requests, metrics.waiting_queue_size, metrics.kv_cache_usage,
-                                 self.load.prefill_backlog, self.service.prior.max_batched_tokens)
+                                 self.load.prefill_backlog, self.service.prior.max_batched_tokens,
+                                 self.load.sent_since(since))
 
     @property
     def name(self) -> str:

@@ -349,6 +349,15 @@ class EndpointLoad:
         self.footprint_at_scrape = self.footprint_tokens
         self.prefill_total_at_scrape = self.prefill_total
 
+    def sent_since(self, since: float) -> int:
+        """This writer's requests here picked at or after `since` that have no first byte yet."""
+        count = 0
+        for item in reversed(self.pending):
+            if item.dispatched < since:
+                break
+            count += 1
+        return count
+
     # -- reads (scheduling) --
 
     def _decay(self, now: float) -> float:
