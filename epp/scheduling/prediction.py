@@ -76,6 +76,9 @@ class Prediction:
     # request's and what the running ones have yet to write (a pick that forces preemption): it
     # raises the busy factor in `cost` past its cap (0: none).
     kv_overflow: float = 0.0
+    # Added to `cost` on a pod whose batch slots are all taken: the wait this request adds, holding
+    # a slot for its decode, to the requests sent there while it waits (0: a free slot, or off).
+    slot_charge: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
@@ -89,6 +92,7 @@ class Prediction:
                 + (f",drain_charge={self.drain_charge * 1e3:.1f}ms" if self.drain_charge else "")
                 + (f",eviction_charge={self.eviction_charge * 1e3:.1f}ms" if self.eviction_charge else "")
                 + (f",kv_overflow={self.kv_overflow:.3f}" if self.kv_overflow else "")
+                + (f",slot_charge={self.slot_charge * 1e3:.1f}ms" if self.slot_charge else "")
                 + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
                 + (f",saturated={self.saturation_charge * 1e3:.1f}ms" if self.saturation_charge else "")
                 + (f",beyond_bound={self.beyond_bound * 1e3:.1f}ms" if self.beyond_bound else "")

@@ -109,6 +109,33 @@ def test_a_full_batch_waits_for_a_slot() -> None:
     assert p["10.0.0.1:8000"].wait_seconds > 0.1 and p["10.0.0.2:8000"].wait_seconds == 0.0
 
 
+def test_a_pick_that_waits_for_a_slot_is_charged_the_wait_it_adds_to_the_requests_behind_it() -> None:
+    """On a pod whose slots are all taken, a request holds one for its whole decode once it gets
+    it, and the requests sent there while it waits queue behind it: each waits its share of the
+    slots' time longer. Charged in the cost (`slot_charge`), by its length: a long generation
+    far more than a short request, and nothing on a pod with a free slot. Without it, long
+    generations gathered on the 32-slot pods of a pool that mixes them with 256-slot ones,
+    their wait for a slot looking cheaper than their decode on the busier pods."""
+    store = pool()
+    full, roomy = store.endpoints()[:2]
+    for i in range(4):
+        item = Outstanding(100, 0, 2000, 99.0 + i * 0.1, predicted_ttft=0.0)
+        full.load.add(item, 99.0 + i * 0.1)
+        full.load.first_byte(item, 99.0 + i * 0.1)
+    long = predictions(store, request("q" * 400, max_tokens=2000), FOUR_SLOTS)
+    short = predictions(store, request("q" * 400, max_tokens=20), FOUR_SLOTS)
+    p = long[full.address]
+    assert p.wait_seconds > 0.0
+    rate = full.load.rate_at(100.0)
+    assert p.slot_charge == pytest.approx(rate * p.wait_seconds * 2000 * p.itl / 4, rel=0.01)
+    assert short[full.address].slot_charge < p.slot_charge / 50
+    assert long[roomy.address].slot_charge == 0.0
+    assert "slot_charge=" in p.compact()
+    off = FOUR_SLOTS.replace("maxNumSeqs: 4}", "maxNumSeqs: 4, slotCharge: false}")
+    unc = predictions(store, request("q" * 400, max_tokens=2000), off)[full.address]
+    assert unc.slot_charge == 0.0 and unc.cost == pytest.approx(p.cost - p.slot_charge)
+
+
 def test_a_pod_yet_to_show_its_batch_limit_is_held_to_the_one_its_pool_showed() -> None:
     """vLLM does not export max_num_seqs; each pod's scrapes reveal it (`BatchLimit`). Until a pod's
     own do, it is assumed to run the smallest limit another candidate has shown: else the pods
@@ -710,7 +737,8 @@ def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_can
 @pytest.mark.parametrize("parameter, attribute", [("saturatedPool", "saturated_pool"),
                                                   ("drainCharge", "drain_charge"),
                                                   ("kvUtilization", "kv_utilization"),
-                                                  ("evictionCharge", "eviction_charge")])
+                                                  ("evictionCharge", "eviction_charge"),
+                                                  ("slotCharge", "slot_charge")])
 def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
                                                                                       attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:
