@@ -869,9 +869,12 @@ class PredictedLatencyProducer(DataProducer):
         queues behind it meanwhile waits its share of the slots' time longer, lifetime / slots;
         those are the pod's arrivals during its own wait. A long generation on a pod of few slots
         full of long generations is charged most. Without it, on a pool mixing 32-slot and
-        256-slot engines (`head-of-line`), the long generations gathered on the 32-slot pods,
-        their wait for a slot (10 s) looking cheaper than what their decode costs the busy
-        256-slot pods' short requests: TTFT p99 9.9 s against least-queue's 4.5 (BENCHMARKS.md)."""
+        256-slot engines (`head-of-line`), the long generations gathered on the 32-slot pods
+        (two thirds of them, on half the pool), their wait for a slot (10 s) looking cheaper than
+        what their decode costs the busy 256-slot pods' short requests: TTFT p99 9.9 s, 5.7 s
+        with it (least-queue's 4.5; BENCHMARKS.md round 28). Round 26 charged the wait's own
+        share instead (rate × wait² / the slot ends it needs): blind to how long the request
+        will hold its slot, it made that p99 34.8 s."""
         if slot_wait <= 0.0 or not self.slot_charge:
             return 0.0
         slots = ep.batch_limit.limit(assumed_seqs, self.prior.max_num_seqs)
