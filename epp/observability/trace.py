@@ -89,7 +89,7 @@ class DecisionRecord:
                          "paced_wait_ms": round(p.paced_wait_seconds * 1e3, 2), "itl_ms": round(p.itl * 1e3, 2),
                          "copy_credit_ms": round(p.copy_credit * 1e3, 2), "copy_reason": p.copy_reason,
                          "recompute_ms": round(p.recompute_seconds * 1e3, 2), "saturated": p.saturated,
-                         "saturation_charge_ms": round(p.saturation_charge * 1e3, 2),
+                         "saturation_charge_ms": round(p.saturation_charge * 1e3, 2), "young_prefix": p.young_prefix,
                          "beyond_bound_ms": round(p.beyond_bound * 1e3, 2), "ttft_bounded": p.ttft_bounded,
                          "prefix_source": p.prefix_source})
         return rows

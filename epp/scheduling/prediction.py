@@ -38,6 +38,9 @@ class Prediction:
     # have (work the pool cannot absorb).
     saturated: bool = False
     saturation_charge: float = 0.0
+    # `saturation_charge` set for a prefix in its first seconds of reuse rather than a saturated
+    # pool (its holder likely still computing it: `PredictedLatencyProducer._charge_copies`).
+    young_prefix: bool = False
     # Set by `latency-scorer`'s TTFT bound (when configured): seconds this candidate's credited
     # TTFT is beyond the bound (the fastest candidate's × the ratio + the slack) when it was left
     # out of the ranking; and, on those kept, that the cheapest was left out (the bound made the pick).
@@ -94,7 +97,8 @@ class Prediction:
                 + (f",kv_overflow={self.kv_overflow:.3f}" if self.kv_overflow else "")
                 + (f",slot_charge={self.slot_charge * 1e3:.1f}ms" if self.slot_charge else "")
                 + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
-                + (f",saturated={self.saturation_charge * 1e3:.1f}ms" if self.saturation_charge else "")
+                + (f",{'young_prefix' if self.young_prefix else 'saturated'}={self.saturation_charge * 1e3:.1f}ms"
+                   if self.saturation_charge else "")
                 + (f",beyond_bound={self.beyond_bound * 1e3:.1f}ms" if self.beyond_bound else "")
                 + (",bounded" if self.ttft_bounded else "")
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

@@ -22,7 +22,7 @@ from epp.scheduling.framework import CycleState
 from epp.scheduling.plugins._cold_reuse import ColdReuse
 from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins.latency_scorer import LatencyScorer
-from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
+from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer, _reused_prefix
 from epp.scheduling.prediction import Prediction
 from epp.scheduling.prefix_match import PrefixMatch
 
@@ -58,6 +58,17 @@ def predictions(store: Datastore, req: InferenceRequest, config: str | None = No
     for producer in core.config.scheduler.producers:
         producer.prepare(cycle, req, list(store.endpoints()))
     return cycle.predictions
+
+
+def credit_copies(producer: PredictedLatencyProducer, endpoints: list, found: list[Prediction], match: PrefixMatch,
+                  now: float) -> None:
+    """What `prepare` does for the copy credit: count the prefix's reuse, and credit copies once it has a rate."""
+    reused = _reused_prefix(match)
+    assert reused is not None
+    depth, key = reused
+    rate = producer._prefix_rates.hit(key, now)
+    if rate > 0.0:
+        producer._credit_copies(endpoints, found, match, depth, key, rate, now)
 
 
 def queue_prefill(store: Datastore, index: int, tokens: int) -> None:
@@ -679,7 +690,7 @@ def test_a_saturated_pool_keeps_a_prefix_on_its_holder() -> None:
 def test_the_saturated_ranking_needs_every_pod_full_with_a_queue_and_can_be_turned_off() -> None:
     def charged(config: str | None = None, **metrics: object) -> bool:
         store = pool(**metrics)
-        producer = PredictedLatencyProducer(datastore=store, saturated_pool=config != "off")
+        producer = PredictedLatencyProducer(datastore=store, saturated_pool=config != "off", young_prefix_charge=False)
         producer.prefix_producer = LatencyScorer("match")  # only its name: where the match is found
         holder = store.endpoints()[0].address
         cycle = CycleState()
@@ -699,13 +710,56 @@ def test_the_saturated_ranking_needs_every_pod_full_with_a_queue_and_can_be_turn
     ep = store.endpoints()[3]
     ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=0.4,
                                       waiting_queue_size=0, update_time=99.99))
-    producer = PredictedLatencyProducer(datastore=store)
+    producer = PredictedLatencyProducer(datastore=store, young_prefix_charge=False)
     producer.prefix_producer = LatencyScorer("match")
     cycle = CycleState()
     cycle.data["match"] = PrefixMatch(total=8, block_size_tokens=16, matched={store.endpoints()[0].address: 8},
                                       hashes=list(range(8)))
     producer.prepare(cycle, request("x" * 4000), list(store.endpoints()))
     assert all(p.saturation_charge == 0.0 for p in cycle.predictions.values())
+
+
+def test_a_copy_of_a_prefix_in_its_first_seconds_of_reuse_is_charged_at_the_candidates_queue() -> None:
+    """In its first seconds of reuse a prefix's holder is likely still computing it, and a copy is
+    the same prefill twice: a candidate with prefill queued is charged the copy's premium at the
+    load its queue shows (u / (1 - u), u the share of its next step the queue fills; the cap's at
+    a full step), an idle one nothing, so a burst on an idle pool still spreads. Past those
+    seconds, or with `youngPrefixCharge` off, no charge."""
+    now = [100.0]
+    store = pool()
+    store.clock = lambda: now[0]
+    endpoints = list(store.endpoints())
+    holder, light, heavy, idle = endpoints
+    queue_prefill(store, 1, 2_048)  # a quarter of a step queued
+    queue_prefill(store, 2, 20_000)  # more than two steps
+    match = PrefixMatch(total=200, block_size_tokens=16, matched={holder.address: 200}, hashes=list(range(200)))
+
+    def prepare(producer: PredictedLatencyProducer) -> dict[str, Prediction]:
+        producer.prefix_producer = LatencyScorer("match")  # only its name: where the match is found
+        cycle = CycleState()
+        cycle.data["match"] = match
+        producer.prepare(cycle, request("x" * 16_000), endpoints)
+        return cycle.predictions
+
+    producer = PredictedLatencyProducer(datastore=store)
+    found = prepare(producer)
+    hit = found[holder.address]
+    assert hit.saturation_charge == 0.0 and not hit.young_prefix and hit.cached_tokens > 0
+    assert found[idle.address].queued_prefill == 0 and found[idle.address].saturation_charge == 0.0
+    for ep in (light, heavy):
+        p = found[ep.address]
+        premium = PredictedLatencyProducer._own_prefill_seconds(holder, p.own_prefill, 0) - hit.prefill_work_seconds
+        u = min(0.95, p.queued_prefill / 8192)
+        assert p.queued_prefill > 0 and p.young_prefix and not p.saturated
+        assert p.saturation_charge == pytest.approx(premium * u / (1.0 - u))
+        assert f"young_prefix={p.saturation_charge * 1e3:.1f}ms" in p.compact()
+    assert found[heavy.address].saturation_charge == pytest.approx(
+        19.0 * found[light.address].saturation_charge / (0.25 / 0.75), rel=0.01)  # at the cap
+    now[0] += 3.5  # past the prefix's first seconds of reuse
+    assert all(p.saturation_charge == 0.0 for p in prepare(producer).values())
+    now[0] = 100.0
+    assert all(p.saturation_charge == 0.0 for p in prepare(PredictedLatencyProducer(
+        datastore=store, young_prefix_charge=False)).values())
 
 
 def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_candidates() -> None:
@@ -738,7 +792,8 @@ def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_can
                                                   ("drainCharge", "drain_charge"),
                                                   ("kvUtilization", "kv_utilization"),
                                                   ("evictionCharge", "eviction_charge"),
-                                                  ("slotCharge", "slot_charge")])
+                                                  ("slotCharge", "slot_charge"),
+                                                  ("youngPrefixCharge", "young_prefix_charge")])
 def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
                                                                                       attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:
@@ -1043,7 +1098,7 @@ def test_the_copy_credit_counts_the_prefix_traffic_other_workers_route() -> None
             found = [Prediction(0.5, 0.5, 0.0, 10, 118, 128, 10, 0.5, 0.0, 0.01, prefill_work_seconds=0.001)]
             found += [Prediction(0.3, 0.3, 0.0, 128, 0, 128, 10, 0.3, 0.0, 0.01, prefill_work_seconds=0.2)
                       for _ in endpoints[1:]]
-            producer._credit_copies(endpoints, found, match, now)
+            credit_copies(producer, endpoints, found, match, now)
             out.append(found[1].copy_credit)
             assert found[0].copy_credit == 0.0  # the holder is never credited
             # at most the premium: the candidate's prefill of the prefix, at its own speed
@@ -1096,7 +1151,7 @@ def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
                 load.work_rate = load.prefill_rate = prefill_utilization
                 load.rates_at, load.rates_since = now, 0.0
             found = producer.predict_all(endpoints, match, 7_200, 100, now, stats)
-            producer._credit_copies(endpoints, found, match, now)
+            credit_copies(producer, endpoints, found, match, now)
         return found
 
     slow = credits((1.6, 2.5), gap=1.0)  # an A100 beside H100s, a question a second

@@ -48,7 +48,8 @@ pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
 after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
 recompute of its next request (`_charge_evictions`). A request that must wait for a batch slot is
 charged what it adds, holding one for its decode, to the waits of the requests sent there
-meanwhile (`_slot_charge`).
+meanwhile (`_slot_charge`). A copy of a prefix in its first seconds of reuse, while its holder is
+likely still computing it, is charged as on a saturated pool (`_charge_copies`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -85,6 +86,9 @@ Parameters (all optional):
 - `slotCharge` (true): charge a request that must wait for a batch slot the wait it adds, holding
   a slot for its decode, to the requests sent to that pod meanwhile (`_slot_charge`), so long
   generations do not gather on the pods of few slots.
+- `youngPrefixCharge` (true): charge a copy of a prefix in its first seconds of reuse as a
+  saturated pool does (`_charge_copies`), so the documents of a cold start are computed once,
+  where they were first sent, not again wherever the first holders' queues look long.
 
 ```yaml
 plugins:
@@ -142,7 +146,7 @@ class PredictedLatencyProducer(DataProducer):
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
                  saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
-                 eviction_charge: bool = True, slot_charge: bool = True) -> None:
+                 eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -160,6 +164,7 @@ class PredictedLatencyProducer(DataProducer):
         self.kv_utilization = kv_utilization
         self.eviction_charge = eviction_charge
         self.slot_charge = slot_charge
+        self.young_prefix_charge = young_prefix_charge
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         # How often the pool's cold prompts are asked for again (`latency-scorer`'s TTFT bound).
         self.cold_reuse = ColdReuse(_RATE_WINDOW)
@@ -188,10 +193,12 @@ class PredictedLatencyProducer(DataProducer):
         kv_utilization = params.bool("kvUtilization", True)
         eviction_charge = params.bool("evictionCharge", True)
         slot_charge = params.bool("slotCharge", True)
+        young_prefix_charge = params.bool("youngPrefixCharge", True)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
                    copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
-                   kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge)
+                   kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge,
+                   young_prefix_charge=young_prefix_charge)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -253,14 +260,19 @@ class PredictedLatencyProducer(DataProducer):
             _charge_drain(found)
         if self.eviction_charge and returned and not saturated and self.cold_reuse.share >= _REUSED:
             _charge_evictions(endpoints, found, now, self.cold_reuse.share)
-        if match is not None and self.copy_credit:
-            self._credit_copies(endpoints, found, match, now, room=full == 0)
-        if match is not None and saturated:
-            self._charge_copies(endpoints, found, match)
+        reused = _reused_prefix(match)  # (depth, key) of the prefix this prompt shares with a pod
+        if reused is not None:
+            depth, key = reused
+            rate = self._prefix_rates.hit(key, now)
+            if self.copy_credit and rate > 0.0:
+                self._credit_copies(endpoints, found, match, depth, key, rate, now, room=full == 0)
+            young = not saturated and self.young_prefix_charge and self._prefix_rates.young(key, now)
+            if saturated or young:
+                self._charge_copies(endpoints, found, match, young)
         predictions = cycle.predictions
-        reused = self.cold_reuse.share
+        cold_reused = self.cold_reuse.share
         for ep, prediction in zip(endpoints, found):
-            prediction.cold_prompts_reused = reused
+            prediction.cold_prompts_reused = cold_reused
             predictions[ep.address] = prediction
 
     def _arrival_rate(self, now: float) -> float:
@@ -276,9 +288,10 @@ class PredictedLatencyProducer(DataProducer):
         self._rate = self._rate * math.exp(-dt / _RATE_WINDOW) + 1.0 / _RATE_WINDOW
         return self._rate
 
-    def _credit_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch,
-                       now: float, room: bool = True) -> None:
-        """Value a new copy of a reused prefix on the candidates that lack it.
+    def _credit_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch, depth: int,
+                       key: int, rate: float, now: float, room: bool = True) -> None:
+        """Value a new copy of a reused prefix (`key`, held to `depth` blocks, asked for `rate` times
+        a second) on the candidates that lack it.
 
         Greedy on each request alone, a hot prefix stays on the pods that have it: the first
         pod without it always looks a whole prefill dearer, so its holders fill until their queue
@@ -311,17 +324,7 @@ class PredictedLatencyProducer(DataProducer):
         candidate full with a queue): a second copy is prefill spent for shorter tails, which an
         overloaded pool has none of (the mixed pools' B2B overload, p99 1.46x without this).
         """
-        matched, hashes = match.matched, match.hashes
-        if not matched or not hashes:
-            return
-        depth = max(matched.values())
-        if depth <= 0 or depth > len(hashes):
-            return
-        key = hashes[depth - 1]
-        rate = self._prefix_rates.hit(key, now)
-        if rate <= 0.0:
-            return
-        held, best = _holders(endpoints, found, matched, depth)
+        held, best = _holders(endpoints, found, match.matched, depth)
         if best is None:
             return
         # The rates are this process's; other workers and replicas route the same prefix (their
@@ -402,8 +405,10 @@ class PredictedLatencyProducer(DataProducer):
             p.cost += p.recompute_seconds
             p.saturated = True
 
-    def _charge_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch) -> None:
-        """On a saturated pool, charge a copy of the prompt's prefix its prefill at the utilisation cap.
+    def _charge_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch,
+                       young: bool = False) -> None:
+        """On a saturated pool, or for a `young` prefix (its first seconds of reuse), charge a copy
+        of the prompt's prefix its prefill at the utilisation cap.
 
         A prefix its holders have computed is work done once; a copy elsewhere is the same work
         done again, and one more prefix in a full cache to push another out. The cost's
@@ -419,6 +424,22 @@ class PredictedLatencyProducer(DataProducer):
         more load on the faster pods (their prefill is cheaper), whose queues then grew longest.
         Pods that do not hold the prefix at its deepest match are the candidates for a copy, as
         for the copy credit.
+
+        A young prefix is charged so too, whatever the pool's state, but at the load the
+        candidate's queue shows rather than the cap: u / (1 - u) with u the share of its next
+        step the prefill queued there fills (at the cap from a full step). In its first
+        `MIN_HISTORY` seconds of reuse a prefix's holder is likely still computing it for the
+        first time, so its queue there is that prefill and the prefix's first burst, an excess
+        that passes; a copy made then is the same prefill twice within seconds, and one more
+        copy in the pool's caches for good. Where a pool's prefixes first arrive together (a
+        cold start, a burst of new customers) every pod is busy computing them, and the pods'
+        rates, read from a few seconds of history, say too little of it: on 8 H100 + 8 A100 pods,
+        B2B overload, the EPP's first 5 s missed the cache 199 times against the weighted sum's
+        147 (150 documents), and a pool past its capacity never works that backlog off (TTFT p90
+        11.4 s against its 9.2; 9.8 s with this, 10-17% lower on three other seeds; round 29,
+        BENCHMARKS.md). An idle candidate is charged nothing, so a burst of a new system prompt
+        on an idle pool still spreads; charged at the cap on any queue, such a burst piled onto
+        its first holder.
         """
         matched = match.matched
         if not matched:
@@ -427,13 +448,18 @@ class PredictedLatencyProducer(DataProducer):
         if best is None:
             return
         holder = next(ep for ep, p in zip(endpoints, found) if p is best)
-        for p, has in zip(found, held):
+        for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
             premium = self._own_prefill_seconds(holder, p.own_prefill, p.cached_tokens) - best.prefill_work_seconds
-            if premium > 0.0:
-                p.saturation_charge = premium * _SATURATED
+            factor = _SATURATED
+            if young:  # at the candidate's prefill load now: the share of its next step its queue fills
+                u = min(_MAX_UTILIZATION, p.queued_prefill / ep.service.prior.max_batched_tokens)
+                factor = u / (1.0 - u)
+            if premium > 0.0 and factor > 0.0:
+                p.saturation_charge = premium * factor
                 p.cost += p.saturation_charge
+                p.young_prefix = young
 
     @staticmethod
     def _idle_steps_seconds(ep: Endpoint, own: int) -> float:
@@ -931,6 +957,17 @@ class PredictedLatencyProducer(DataProducer):
         step = ep.service.step_seconds(decoding, context)
         freed_per_second = self._completions_per_second(step, decoding, mean_output) * freed_per_request
         return max(0.0, short / max(freed_per_second, 1.0) - prefill_seconds)
+
+
+def _reused_prefix(match: PrefixMatch | None) -> tuple[int, int] | None:
+    """The prefix this prompt shares with some pod, as (depth, key): the deepest block a
+    candidate holds and that block's key (`PrefixRates`); None when no candidate holds any."""
+    if match is None or not match.matched or not match.hashes:
+        return None
+    depth = max(match.matched.values())
+    if depth <= 0 or depth > len(match.hashes):
+        return None
+    return depth, match.hashes[depth - 1]
 
 
 def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[str, int],
