@@ -49,7 +49,8 @@ after it came in cold is charged, on a pod whose cache turns over too fast to ke
 recompute of its next request (`_charge_evictions`). A request that must wait for a batch slot is
 charged what it adds, holding one for its decode, to the waits of the requests sent there
 meanwhile (`_slot_charge`). A copy of a prefix in its first seconds of reuse, while its holder is
-likely still computing it, is charged as on a saturated pool (`_charge_copies`).
+likely still computing it, is charged the prefill it repeats at the load the candidate's queue
+shows (`_charge_copies`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -86,9 +87,10 @@ Parameters (all optional):
 - `slotCharge` (true): charge a request that must wait for a batch slot the wait it adds, holding
   a slot for its decode, to the requests sent to that pod meanwhile (`_slot_charge`), so long
   generations do not gather on the pods of few slots.
-- `youngPrefixCharge` (true): charge a copy of a prefix in its first seconds of reuse as a
-  saturated pool does (`_charge_copies`), so the documents of a cold start are computed once,
-  where they were first sent, not again wherever the first holders' queues look long.
+- `youngPrefixCharge` (true): charge a copy of a prefix in its first seconds of reuse the prefill
+  it repeats at the load the candidate's queue shows (`_charge_copies`), so the documents of a
+  cold start are computed once, where they were first sent, not again wherever the first
+  holders' queues look long.
 
 ```yaml
 plugins:
@@ -407,8 +409,8 @@ class PredictedLatencyProducer(DataProducer):
 
     def _charge_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch,
                        young: bool = False) -> None:
-        """On a saturated pool, or for a `young` prefix (its first seconds of reuse), charge a copy
-        of the prompt's prefix its prefill at the utilisation cap.
+        """On a saturated pool, charge a copy of the prompt's prefix its prefill at the utilisation
+        cap; for a `young` prefix (its first seconds of reuse), at the candidate's queue's load.
 
         A prefix its holders have computed is work done once; a copy elsewhere is the same work
         done again, and one more prefix in a full cache to push another out. The cost's
@@ -425,9 +427,9 @@ class PredictedLatencyProducer(DataProducer):
         Pods that do not hold the prefix at its deepest match are the candidates for a copy, as
         for the copy credit.
 
-        A young prefix is charged so too, whatever the pool's state, but at the load the
-        candidate's queue shows rather than the cap: u / (1 - u) with u the share of its next
-        step the prefill queued there fills (at the cap from a full step). In its first
+        A young prefix is charged so too short of saturation, but at the load the candidate's
+        queue shows rather than the cap: u / (1 - u) with u the share of its next step the
+        prefill queued there fills (the cap from 95% of a step). In its first
         `MIN_HISTORY` seconds of reuse a prefix's holder is likely still computing it for the
         first time, so its queue there is that prefill and the prefix's first burst, an excess
         that passes; a copy made then is the same prefill twice within seconds, and one more
@@ -436,7 +438,7 @@ class PredictedLatencyProducer(DataProducer):
         rates, read from a few seconds of history, say too little of it: on 8 H100 + 8 A100 pods,
         B2B overload, the EPP's first 5 s missed the cache 199 times against the weighted sum's
         147 (150 documents), and a pool past its capacity never works that backlog off (TTFT p90
-        11.4 s against its 9.2; 9.8 s with this, 10-17% lower on three other seeds; round 29,
+        11.4 s against its 9.2; 9.8 s with this, 10-16% lower on three other seeds; round 29,
         BENCHMARKS.md). An idle candidate is charged nothing, so a burst of a new system prompt
         on an idle pool still spreads; charged at the cap on any queue, such a burst piled onto
         its first holder.
