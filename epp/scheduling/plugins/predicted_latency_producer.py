@@ -263,14 +263,15 @@ class PredictedLatencyProducer(DataProducer):
         if self.eviction_charge and returned and not saturated and self.cold_reuse.share >= _REUSED:
             _charge_evictions(endpoints, found, now, self.cold_reuse.share)
         reused = _reused_prefix(match)  # (depth, key) of the prefix this prompt shares with a pod
+        young = False
         if reused is not None:
             depth, key = reused
             rate = self._prefix_rates.hit(key, now)
             if self.copy_credit and rate > 0.0:
                 self._credit_copies(endpoints, found, match, depth, key, rate, now, room=full == 0)
             young = not saturated and self.young_prefix_charge and self._prefix_rates.young(key, now)
-            if saturated or young:
-                self._charge_copies(endpoints, found, match, young)
+        if match is not None and (saturated or young):
+            self._charge_copies(endpoints, found, match, young)
         predictions = cycle.predictions
         cold_reused = self.cold_reuse.share
         for ep, prediction in zip(endpoints, found):
