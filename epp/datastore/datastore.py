@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from epp.datastore.endpoint import Endpoint, EndpointSpec
 from epp.datastore.model_stats import ModelStatsTable
+from epp.datastore.ttft_tail import TtftTail
 
 Listener = Callable[[Endpoint], None]
 
@@ -33,6 +34,7 @@ class Datastore:
         self._snapshot: tuple[Endpoint, ...] = ()
         self._objectives: dict[str, int | None] = {}
         self.models = ModelStatsTable()  # learned per target model from responses
+        self.ttft_tail = TtftTail()  # the pool's slowest first tokens lately (`predicted-latency-producer`)
         self._on_add: list[Listener] = []
         self._on_remove: list[Listener] = []
 

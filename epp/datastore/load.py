@@ -45,6 +45,7 @@ _STALLED_MAX = 256  # stalled requests remembered per endpoint (the oldest matte
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
 MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
 _BUSY_ALPHA = 0.1  # weight of the newest interval in `EndpointLoad.busy_interval`
+_TAIL_ALPHA = 0.02  # weight of the newest first token in `EndpointLoad.tail_share`
 
 
 def _current(entry: tuple[float, int, Outstanding]) -> bool:
@@ -191,6 +192,9 @@ class EndpointLoad:
     # queue at the pace its running requests end, not at its prefill rate; this measures that
     # pace (`drain_seconds`).
     busy_interval: float = 0.0
+    # The share of this writer's recent first tokens here beyond the pool's TTFT tail (`TtftTail`),
+    # an exponential average: how likely a request sent here is to end up in that tail.
+    tail_share: float = 0.0
     last_first_byte: float = -1.0  # clock time of this writer's latest first byte here (-1: none)
     # Monotone counters and integrals (for the mean batch over a request's decode).
     prefill_total: int = 0  # prefill tokens ever sent
@@ -225,6 +229,10 @@ class EndpointLoad:
         self.footprint_tokens += item.footprint_tokens
         self.prefill_total += item.prefill_tokens
         self.requests += 1
+
+    def observe_tail(self, beyond: bool) -> None:
+        """One of this writer's first tokens here: beyond the pool's TTFT tail or not (`tail_share`)."""
+        self.tail_share += _TAIL_ALPHA * ((1.0 if beyond else 0.0) - self.tail_share)
 
     def first_byte(self, item: Outstanding, now: float) -> None:
         """A streamed first byte: `item` and everything picked before it are past prefill; the

@@ -28,6 +28,10 @@ ledger hold?
   later request asked for again (documents, conversations: near 1; unrelated API calls: near 0).
   The TTFT bound applies only below `ttftBoundMaxReuse` (0.5): where a cold prompt lands, its
   reuses follow.
+- `inference_extension_ttft_tail_seconds{name}`: the pool's running tail of observed times to
+  first token (p90 by default, `predicted-latency-producer`'s `tailQuantile`): every pick is
+  charged the time it would spend beyond it (`tailWeight`). A p90 that an SLO dashboard
+  computes from the request histograms, kept live for the ranking.
 - per endpoint (labels `name` (the pool), `endpoint`, `model_server_pod`, as the other endpoint
   gauges):
   `inference_pool_endpoint_queued_prefill_tokens` (the ledger's prefill not yet done),
@@ -39,7 +43,9 @@ ledger hold?
   prediction reported), `inference_pool_endpoint_ttft_calibration` (the factor the pod's
   prediction is multiplied by: its learned median of observed over predicted; far from 1, the
   step model misses something about the pod) and `inference_pool_endpoint_first_token_interval_seconds`
-  (the time between its first tokens while it had a backlog: the pace of a pod whose KV is full).
+  (the time between its first tokens while it had a backlog: the pace of a pod whose KV is full) and
+  `inference_pool_endpoint_ttft_tail_share` (the share of its recent first tokens beyond the
+  pool's tail: the pods whose requests make the tail).
 """
 
 from __future__ import annotations
@@ -92,7 +98,15 @@ class LedgerCollector(Collector):
             "interval": GaugeMetricFamily("inference_pool_endpoint_first_token_interval_seconds",
                                           "Mean time between the endpoint's first tokens while it had a backlog "
                                           "(0: not measured).", labels=_LABELS),
+            "tail_share": GaugeMetricFamily("inference_pool_endpoint_ttft_tail_share",
+                                            "Share of the endpoint's recent first tokens beyond the pool's TTFT "
+                                            "tail (inference_extension_ttft_tail_seconds).", labels=_LABELS),
         }
+        tail = GaugeMetricFamily("inference_extension_ttft_tail_seconds",
+                                 "The pool's running tail of observed times to first token (the tailQuantile, "
+                                 "p90 by default, of predicted-latency-producer; 0: none observed yet): picks "
+                                 "are charged the time they would spend beyond it.", labels=["name"])
+        tail.add_metric([pool], self.datastore.ttft_tail.seconds)
         for ep in self.datastore.endpoints():
             load, service, m = ep.load, ep.service, ep.metrics
             key = [pool, ep.address, ep.name]
@@ -105,7 +119,9 @@ class LedgerCollector(Collector):
             families["error"].add_metric(key, service.ttft_error)
             families["calibration"].add_metric(key, service.ttft_factor)
             families["interval"].add_metric(key, load.busy_interval)
+            families["tail_share"].add_metric(key, load.tail_share)
         yield from families.values()
+        yield tail
 
 
 class LatencyMetrics:

@@ -314,6 +314,7 @@ class Director:
         item.mark_context_integral = load.context_integral
         item.mark_prefill_total = load.prefill_total
         observed = now - item.dispatched
+        load.observe_tail(self.datastore.ttft_tail.observe(observed))
         if item.step_feature or item.prefill_feature:
             service.observe(item.step_feature, item.prefill_feature, observed)
         if item.raw_ttft > 0.0:

@@ -120,6 +120,33 @@ def test_a_full_batch_waits_for_a_slot() -> None:
     assert p["10.0.0.1:8000"].wait_seconds > 0.1 and p["10.0.0.2:8000"].wait_seconds == 0.0
 
 
+def test_a_deep_slot_queue_is_ranked_at_least_at_the_pace_the_pod_admits_it() -> None:
+    """Deeper than the expected ends looked up, the slot wait is ranked at least at the pod's
+    measured pace of first tokens while backlogged (its slots free at that pace) times the queue
+    ahead; the prediction keeps its own estimate. Without a measured pace, as before."""
+    def ranked(interval: float) -> tuple[Prediction, Prediction]:
+        store = pool()
+        ep = store.endpoints()[0]
+        for i in range(24):
+            item = Outstanding(100, 0, 200, 99.0, predicted_ttft=0.0 if i < 4 else 0.5)
+            ep.load.add(item, 99.0)
+            if i < 4:
+                ep.load.first_byte(item, 99.0)
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                          running_requests=4, waiting_queue_size=20))
+        ep.load.busy_interval = interval
+        found = predictions(store, request("q" * 400), FOUR_SLOTS)
+        return found[ep.address], found[store.endpoints()[1].address]
+
+    unmeasured, _ = ranked(0.0)
+    deep, roomy = ranked(0.5)
+    drain = 21 * 0.5  # the 20 waiting ahead and its own turn
+    assert unmeasured.wait_seconds < drain / 2
+    assert deep.wait_seconds == pytest.approx(drain, rel=0.01) and deep.cost > unmeasured.cost + drain / 2
+    assert deep.paced_wait_seconds == pytest.approx(unmeasured.paced_wait_seconds)  # the prediction's own
+    assert roomy.wait_seconds == 0.0
+
+
 def test_a_pick_that_waits_for_a_slot_is_charged_the_wait_it_adds_to_the_requests_behind_it() -> None:
     """On a pod whose slots are all taken, a request holds one for its whole decode once it gets
     it, and the requests sent there while it waits queue behind it: each waits its share of the
@@ -1549,3 +1576,78 @@ def test_a_pick_that_would_overflow_the_kv_cache_is_charged_past_the_busy_cap() 
     assert "kv_overflow=" in full.compact()
     short = predictions(store, request("x" * 16_000, max_tokens=10))
     assert short[fuller.address].kv_overflow > 0.0 and short[roomier.address].kv_overflow == 0.0
+
+
+def test_a_pick_is_charged_the_time_it_and_its_pods_requests_spend_in_the_pools_ttft_tail() -> None:
+    """The cost is a sum of TTFTs: it will queue one request long to save many a little each, so
+    its mean falls while its tail grows. Each candidate is charged `tailWeight` × the seconds its
+    credited TTFT runs beyond the pool's tail (the running p90 of observed first tokens), and its
+    externality `tailWeight` × the share of the pod's recent first tokens beyond it: the delay a
+    pick adds to requests already in the tail counts for them twice."""
+    store = pool()
+    store.ttft_tail.seconds = 0.05
+    queue_prefill(store, 0, 20_000)  # pod 0 answers beyond the tail
+    tail_pod = store.endpoints()[1]
+    for _ in range(200):
+        tail_pod.load.observe_tail(True)  # pod 1's first tokens lately were in the tail
+    req = request("x" * 4000)
+    p = predictions(store, req)
+    off = predictions(store, req, with_parameters("predicted-latency-producer", "{tailWeight: 0}"))
+    slow, tail_one, idle = (store.endpoints()[i].address for i in (0, 1, 2))
+    assert off[slow].tail_charge == 0.0 and off[slow].cost == pytest.approx(p[slow].cost - p[slow].tail_charge)
+    assert p[slow].credited_ttft > 0.3
+    assert p[slow].tail_charge == pytest.approx(p[slow].credited_ttft - 0.05, rel=0.05)
+    externality = off[tail_one].cost - off[tail_one].credited_ttft
+    assert externality > 0.0 and tail_pod.load.tail_share > 0.95
+    assert p[tail_one].tail_charge == pytest.approx(tail_pod.load.tail_share * externality, rel=0.01)
+    assert p[idle].tail_charge == 0.0 and p[idle].cost == pytest.approx(off[idle].cost)
+    assert "tail_charge=" in p[slow].compact()
+    cycle = CycleState()
+    cycle.predictions.update(p)
+    result = SimpleNamespace(cycle=cycle)
+    record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=result)  # type: ignore[arg-type]
+    rows = {row["address"]: row for row in record.predictions()}
+    assert rows[slow]["tail_charge_ms"] == pytest.approx(p[slow].tail_charge * 1e3, abs=0.01)
+    double = predictions(store, req, with_parameters("predicted-latency-producer", "{tailWeight: 2}"))
+    assert double[slow].tail_charge == pytest.approx(2 * p[slow].tail_charge, rel=0.01)
+
+
+def test_the_first_tokens_teach_the_pools_ttft_tail_and_each_pods_share_of_it() -> None:
+    now = [100.0]
+    store = Datastore(clock=lambda: now[0])
+    for i in range(2):
+        store.upsert(EndpointSpec(name=f"pod-{i}", ip=f"10.0.0.{i + 1}", port=8000)).update_metrics(
+            EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99))
+    core = build_core(store, with_parameters("predicted-latency-producer", "{tailQuantile: 0.95}"), tick=0.05, seed=1)
+    assert store.ttft_tail.quantile == 0.95
+
+    async def serve(ttft: float) -> str:
+        decision, record = await core.director.handle_request(request("q" * 400))
+        now[0] += ttft
+        core.director.first_byte(record)
+        core.director.release(record, Usage.of(100, 10))
+        return decision.targets[0].address
+
+    for _ in range(50):
+        asyncio.run(serve(0.05))
+    assert store.ttft_tail.seconds == pytest.approx(0.05, rel=0.1)
+    tail, before = store.ttft_tail.seconds, {ep.address: ep.load.tail_share for ep in store.endpoints()}
+    address = asyncio.run(serve(2.0))  # far beyond: its pod's share rises, the tail with it
+    assert store.ttft_tail.seconds > tail
+    after = {ep.address: ep.load.tail_share for ep in store.endpoints()}
+    assert after[address] > before[address] + 0.015
+    assert all(after[a] == before[a] for a in after if a != address)
+    registry = EppMetrics(store).registry  # what an SRE sees of it
+    pool_name = store.pool.name
+    assert registry.get_sample_value("inference_extension_ttft_tail_seconds",
+                                     {"name": pool_name}) == store.ttft_tail.seconds
+    assert registry.get_sample_value("inference_pool_endpoint_ttft_tail_share",
+                                     {"name": pool_name, "endpoint": address,
+                                      "model_server_pod": store.get(address).name}) == after[address]
+
+
+@pytest.mark.parametrize("parameters", ["{tailWeight: -1}", "{tailWeight: heavy}", "{tailQuantile: 0.2}",
+                                        "{tailQuantile: 1}"])
+def test_the_tail_charge_parameters_are_validated(parameters: str) -> None:
+    with pytest.raises(Exception, match="tail"):
+        build_core(pool(), with_parameters("predicted-latency-producer", parameters), tick=0.05, seed=1)

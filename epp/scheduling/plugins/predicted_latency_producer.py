@@ -50,7 +50,9 @@ recompute of its next request (`_charge_evictions`). A request that must wait fo
 charged what it adds, holding one for its decode, to the waits of the requests sent there
 meanwhile (`_slot_charge`). A copy of a prefix in its first seconds of reuse, while its holder is
 likely still computing it, is charged the prefill it repeats at the load the candidate's queue
-shows (`_charge_copies`).
+shows (`_charge_copies`). Every candidate is charged for the TTFT tail: the seconds it would
+spend beyond the pool's running p90 of first tokens, and its externality again by the share of
+the pod's requests lately in that tail (`_charge_tail`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
 pool does not look idle (`epp.datastore.load.coverage`).
 
@@ -91,6 +93,11 @@ Parameters (all optional):
   it repeats at the load the candidate's queue shows (`_charge_copies`), so the documents of a
   cold start are computed once, where they were first sent, not again wherever the first
   holders' queues look long.
+- `tailWeight` (1.0; 0: off) and `tailQuantile` (0.9): charge each candidate `tailWeight` × the
+  seconds its TTFT would run beyond the pool's running `tailQuantile` of observed first tokens,
+  and its externality `tailWeight` × the share of the pod's recent first tokens beyond it
+  (`_charge_tail`), so the cost does not buy the mean with the tail: a request is not queued
+  long on one pod to save another pod's requests a little each.
 
 ```yaml
 plugins:
@@ -148,7 +155,8 @@ class PredictedLatencyProducer(DataProducer):
     def __init__(self, name: str = "", *, datastore: Datastore, prior: StepCosts | None = None,
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
                  saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
-                 eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True) -> None:
+                 eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True,
+                 tail_weight: float = 1.0, tail_quantile: float = 0.9) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -167,6 +175,8 @@ class PredictedLatencyProducer(DataProducer):
         self.eviction_charge = eviction_charge
         self.slot_charge = slot_charge
         self.young_prefix_charge = young_prefix_charge
+        self.tail_weight = tail_weight
+        datastore.ttft_tail.quantile = tail_quantile
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
         # How often the pool's cold prompts are asked for again (`latency-scorer`'s TTFT bound).
         self.cold_reuse = ColdReuse(_RATE_WINDOW)
@@ -196,11 +206,13 @@ class PredictedLatencyProducer(DataProducer):
         eviction_charge = params.bool("evictionCharge", True)
         slot_charge = params.bool("slotCharge", True)
         young_prefix_charge = params.bool("youngPrefixCharge", True)
+        tail_weight = params.float("tailWeight", 1.0, min=0.0, max=100.0)
+        tail_quantile = params.float("tailQuantile", 0.9, min=0.5, max=0.999)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
                    copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
                    kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge,
-                   young_prefix_charge=young_prefix_charge)
+                   young_prefix_charge=young_prefix_charge, tail_weight=tail_weight, tail_quantile=tail_quantile)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -272,6 +284,9 @@ class PredictedLatencyProducer(DataProducer):
             young = not saturated and self.young_prefix_charge and self._prefix_rates.young(key, now)
         if match is not None and (saturated or young):
             self._charge_copies(endpoints, found, match, young)
+        tail = self.datastore.ttft_tail.seconds
+        if self.tail_weight > 0.0 and tail > 0.0:
+            _charge_tail(endpoints, found, tail, self.tail_weight)
         predictions = cycle.predictions
         cold_reused = self.cold_reuse.share
         for ep, prediction in zip(endpoints, found):
@@ -868,7 +883,17 @@ class PredictedLatencyProducer(DataProducer):
         prediction) takes the paced part at its mean + `_SLOT_WAIT_SPREAD` standard deviations:
         ranked at its mean, a full pod holding a prompt's prefix drew 9% of the requests on
         pods of 32 slots beside pods of 256, predicted a 38 ms wait, and waited up to 10× that
-        (`zipf-system-prompts`, TTFT p99 186 ms against the greedy oracle's 77; 59 ranked so)."""
+        (`zipf-system-prompts`, TTFT p99 186 ms against the greedy oracle's 77; 59 ranked so).
+
+        A queue deeper than the ends looked up (`_MAX_ENDS_LOOKED_UP`) that the pod's scrape shows
+        waiting is ranked at least at the pace the pod has been measured to admit it
+        (`EndpointLoad.drain_seconds`: its first tokens while backlogged come as its slots free).
+        Both estimates above price the ends at the step model's pace, which in a deep overload
+        reads the steps short (they carry the prefill of each admission), and the cap's end is
+        only a bound: in a flood at twice 4 pods' capacity (`flood-sustained` without flow
+        control) the ranking's wait read 3-5 s for queues of 300-470 requests that took 30-45 s,
+        and the pods' queues drifted apart (TTFT p99 52 s against least-queue's 37; 44 s ranked
+        so, BENCHMARKS.md round 30). The prediction keeps its own estimate."""
         running = ep.load.requests + unexplained
         limit = ep.batch_limit.limit(assumed_seqs, self.prior.max_num_seqs)
         if running < limit or decoding <= 0.0:
@@ -879,7 +904,12 @@ class PredictedLatencyProducer(DataProducer):
         # (deeper than the cap, the cap's end: a lower bound, so never a deep queue's advantage)
         steps = ep.load.steps_until_end(min(needed, _MAX_ENDS_LOOKED_UP), now) if length_certainty > 0.0 else -1.0
         spread = _SLOT_WAIT_SPREAD / math.sqrt(needed)  # of the paced part, ranked only
+        measured = 0.0
+        if needed > _MAX_ENDS_LOOKED_UP and ep.metrics.waiting_queue_size > 0:
+            measured = ep.load.drain_seconds(ep.metrics.waiting_queue_size)
         if steps < 0.0:  # lengths not known, or too few of our requests there to say
+            if measured > paced * (1.0 + spread):
+                return measured, paced, measured - paced
             return paced * (1.0 + spread), paced, paced * spread
         # Priced at the decode step of the batch now: the count's pace (prefill chunks that came
         # and went) says how fast steps went, not how the next ones will (divided by it, the
@@ -889,6 +919,8 @@ class PredictedLatencyProducer(DataProducer):
         tail = paced_part * spread
         ranked = length_certainty * max(expected, paced) + paced_part + tail
         if needed > _MAX_ENDS_LOOKED_UP:  # a bound, not the expected end: the prediction is the ranking's
+            if measured > ranked:
+                return measured, paced_part, measured - ranked + tail
             return ranked, paced_part, tail
         return ranked, paced_part, length_certainty * max(0.0, paced - expected) + tail
 
@@ -1041,6 +1073,42 @@ def _charge_evictions(endpoints: list[Endpoint], found: list[Prediction], now: f
         if turnover < _REUSE_HORIZON and p.own_prefill * 2 >= p.prompt_tokens:  # (holding half: not a copy)
             p.eviction_charge = reused * (1.0 - turnover / _REUSE_HORIZON) * p.prefill_work_seconds
             p.cost += p.eviction_charge
+
+
+def _charge_tail(endpoints: list[Endpoint], found: list[Prediction], tail: float, weight: float) -> None:
+    """Weigh the TTFT tail the bars are on: charge each candidate `weight` × the seconds its
+    credited TTFT runs beyond the pool's tail (`TtftTail`, p90 by default) or beyond the fastest
+    candidate's, whichever is later, and its externality `weight` × the share of the pod's
+    recent first tokens beyond the tail.
+
+    The cost is a sum of TTFTs: this request's, and the small delays its decode and prefill add
+    to the many requests sent to the pod after it. Minimising that sum minimises the mean, and
+    it will make one request wait long to save many a little each, which is how a mean falls
+    while its tail grows. Add to the sum `weight` × the seconds each request spends beyond the
+    tail (the conditional value at risk at the tail's quantile, in the form one pick can
+    charge): this request's excess counts 1 + `weight` times, and the delay it adds to another
+    request 1 + `weight` times where that request is itself beyond the tail, which on this pod
+    lately was `EndpointLoad.tail_share` of them. A pick that saves a pod's fast requests a few
+    milliseconds each by queueing this one for a slot now counts what it really does to the
+    tail, and so does one that delays a pod whose requests already wait long.
+    Diagnosed on 8 H100 at vLLM's defaults beside 8 with 32 slots and a 2,048-token budget,
+    `prefix-heavy`: every request of the TTFT's top 2% was a chat turn queued 150-400 ms for a
+    slot on the small pod that held its context, its decode 0.4-1.4 s of externality on the
+    fast pods (busy factor ~7); p99 315 ms against the greedy oracle's 228 (BENCHMARKS.md round
+    30). The excess is counted from the fastest candidate's TTFT where that is beyond the tail
+    too: the wait no candidate avoids (a pool in overload, every request beyond the tail) is
+    this request's whatever the pick, and charged so it weighed this request's TTFT (1 +
+    `weight`)× against the others' everywhere (the 4:12 pool's B2B overload 22.0 → 23.3 s at
+    p90; 21.1 s counted from the fastest). A fixed TTFT bound would not do either: in an
+    overload every request is beyond it, and the tail moves with the load."""
+    floor = max(tail, min(p.credited_ttft for p in found))  # what no candidate avoids is not charged
+    for ep, p in zip(endpoints, found):
+        charge = weight * ep.load.tail_share * (p.cost - p.credited_ttft)
+        if p.credited_ttft > floor:
+            charge += weight * (p.credited_ttft - floor)
+        if charge > 0.0:
+            p.tail_charge = charge
+            p.cost += charge
 
 
 def _kv_utilization(ep: Endpoint) -> float:
