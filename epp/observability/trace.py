@@ -84,6 +84,7 @@ class DecisionRecord:
                          "eviction_charge_ms": round(p.eviction_charge * 1e3, 2),
                          "kv_overflow": round(p.kv_overflow, 4),
                          "slot_charge_ms": round(p.slot_charge * 1e3, 2),
+                         "kv_time_charge_ms": round(p.kv_time_charge * 1e3, 2),
                          "tail_charge_ms": round(p.tail_charge * 1e3, 2),
                          "prefill_ms": round(p.prefill_seconds * 1e3, 2),
                          "wait_ms": round(p.wait_seconds * 1e3, 2),

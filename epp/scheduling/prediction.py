@@ -85,6 +85,9 @@ class Prediction:
     # Added to `cost` for the TTFT tail (`_charge_tail`): `tailWeight` × the credited TTFT beyond the
     # pool's tail and × the externality the pod's recent share of tail first tokens weighs (0: none).
     tail_charge: float = 0.0
+    # Added to `cost` on a pod whose KV cache is full with a queue: the share of the cache's time
+    # this request's new blocks take, for each request queued there (`_kv_time_charge`; 0: none).
+    kv_time_charge: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
@@ -99,6 +102,7 @@ class Prediction:
                 + (f",eviction_charge={self.eviction_charge * 1e3:.1f}ms" if self.eviction_charge else "")
                 + (f",kv_overflow={self.kv_overflow:.3f}" if self.kv_overflow else "")
                 + (f",slot_charge={self.slot_charge * 1e3:.1f}ms" if self.slot_charge else "")
+                + (f",kv_time_charge={self.kv_time_charge * 1e3:.1f}ms" if self.kv_time_charge else "")
                 + (f",tail_charge={self.tail_charge * 1e3:.1f}ms" if self.tail_charge else "")
                 + (f",uncalibrated={self.raw_ttft * 1e3:.1f}ms" if self.raw_ttft and self.raw_ttft != self.ttft else "")
                 + (f",{'young_prefix' if self.young_prefix else 'saturated'}={self.saturation_charge * 1e3:.1f}ms"

@@ -22,7 +22,7 @@ from epp.scheduling.framework import CycleState
 from epp.scheduling.plugins._cold_reuse import ColdReuse
 from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins.latency_scorer import LatencyScorer
-from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer, _reused_prefix
+from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer, _kv_time_charge, _reused_prefix
 from epp.scheduling.prediction import Prediction
 from epp.scheduling.prefix_match import PrefixMatch
 
@@ -172,6 +172,52 @@ def test_a_pick_that_waits_for_a_slot_is_charged_the_wait_it_adds_to_the_request
     off = FOUR_SLOTS.replace("maxNumSeqs: 4}", "maxNumSeqs: 4, slotCharge: false}")
     unc = predictions(store, request("q" * 400, max_tokens=2000), off)[full.address]
     assert unc.slot_charge == 0.0 and unc.cost == pytest.approx(p.cost - p.slot_charge)
+
+
+def test_a_pick_on_a_full_kv_cache_with_a_queue_is_charged_the_cache_time_its_blocks_take() -> None:
+    """A pod whose KV cache is full with a queue admits as running requests free blocks, so what
+    a request costs the queued ones there is its new blocks (uncached prompt and output) over the
+    cache's capacity, for as long as it holds them, once for each request queued (at most 19,
+    the busy factor's cap). A hit on a document's holder brings few new blocks, a copy of the
+    document many; a pod with room, or with no queue, charges nothing (`kv_time_charge`)."""
+    store = pool()
+    full, holder, roomy, idle_queue = store.endpoints()
+    capacity = 16 * 20_000
+    for ep in (full, holder):
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                          kv_cache_usage=0.97, waiting_queue_size=5, running_requests=30))
+    idle_queue.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                              kv_cache_usage=0.97, waiting_queue_size=0, running_requests=30))
+    producer = PredictedLatencyProducer(datastore=store)
+    cycle = CycleState()
+    cycle.data["match"] = PrefixMatch(total=400, block_size_tokens=16, matched={holder.address: 375},
+                                      hashes=list(range(400)))
+    producer.prefix_producer = SimpleNamespace(name="match")  # type: ignore[assignment]
+    req = request("x" * 25_600, max_tokens=100)
+    producer.prepare(cycle, req, list(store.endpoints()))
+    found = cycle.predictions
+    copy, hit = found[full.address], found[holder.address]
+    # Both pods are in one state, so the decode they would hold their blocks for is the same.
+    share_copy = (copy.own_prefill + copy.output_tokens) / capacity * 5
+    decode = copy.kv_time_charge / share_copy - copy.prefill_work_seconds
+    assert decode > 0.0
+    share_hit = (hit.own_prefill + hit.output_tokens) / capacity * 5
+    assert hit.kv_time_charge == pytest.approx(share_hit * (hit.prefill_work_seconds + decode))
+    assert copy.kv_time_charge > 5 * hit.kv_time_charge
+    assert found[roomy.address].kv_time_charge == 0.0 and found[idle_queue.address].kv_time_charge == 0.0
+    assert "kv_time_charge=" in copy.compact()
+    five = _kv_time_charge(full, 1_000, 2.0)
+    assert five == pytest.approx(1_000 / capacity * 2.0 * 5)
+    full.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                        kv_cache_usage=0.97, waiting_queue_size=500, running_requests=30))
+    assert _kv_time_charge(full, 1_000, 2.0) == pytest.approx(five * 19 / 5)  # the cap
+    stats = store.models.get(req.target_model)
+    deep = PredictedLatencyProducer(datastore=store).predict(full, cycle.data["match"], copy.prompt_tokens,
+                                                             copy.output_tokens, 100.0, stats)
+    assert deep.kv_time_charge > copy.kv_time_charge
+    off = PredictedLatencyProducer(datastore=store, kv_time_charge=False)
+    unc = off.predict(full, cycle.data["match"], copy.prompt_tokens, copy.output_tokens, 100.0, stats)
+    assert unc.kv_time_charge == 0.0 and unc.cost == pytest.approx(deep.cost - deep.kv_time_charge)
 
 
 def test_a_pod_yet_to_show_its_batch_limit_is_held_to_the_one_its_pool_showed() -> None:
@@ -820,7 +866,8 @@ def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_can
                                                   ("kvUtilization", "kv_utilization"),
                                                   ("evictionCharge", "eviction_charge"),
                                                   ("slotCharge", "slot_charge"),
-                                                  ("youngPrefixCharge", "young_prefix_charge")])
+                                                  ("youngPrefixCharge", "young_prefix_charge"),
+                                                  ("kvTimeCharge", "kv_time_charge")])
 def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
                                                                                       attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:

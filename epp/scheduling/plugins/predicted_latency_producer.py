@@ -46,7 +46,9 @@ at least half the candidates' KV caches have room, a pod counts as busy as the f
 compute and its KV cache in the externality (`_kv_utilization`), and past the cap where the
 pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
 after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
-recompute of its next request (`_charge_evictions`). A request that must wait for a batch slot is
+recompute of its next request (`_charge_evictions`). On a pod whose KV cache is full with a
+queue, a request's new blocks (its uncached prompt and its output), for as long as it holds them,
+hold up the requests queued there (`_kv_time_charge`). A request that must wait for a batch slot is
 charged what it adds, holding one for its decode, to the waits of the requests sent there
 meanwhile (`_slot_charge`). A copy of a prefix in its first seconds of reuse, while its holder is
 likely still computing it, is charged the prefill it repeats at the load the candidate's queue
@@ -89,6 +91,10 @@ Parameters (all optional):
 - `slotCharge` (true): charge a request that must wait for a batch slot the wait it adds, holding
   a slot for its decode, to the requests sent to that pod meanwhile (`_slot_charge`), so long
   generations do not gather on the pods of few slots.
+- `kvTimeCharge` (true): on a pod whose KV cache is full with a queue, charge each candidate the
+  share of the cache's time its new blocks take (uncached prompt and output, over its prefill and
+  decode) for each request queued there, up to 19 (`_kv_time_charge`), so a document is not
+  copied onto a full pod, where its blocks hold the queue up, to save this request a short wait.
 - `youngPrefixCharge` (true): charge a copy of a prefix in its first seconds of reuse the prefill
   it repeats at the load the candidate's queue shows (`_charge_copies`), so the documents of a
   cold start are computed once, where they were first sent, not again wherever the first
@@ -156,7 +162,7 @@ class PredictedLatencyProducer(DataProducer):
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
                  saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
                  eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True,
-                 tail_weight: float = 1.0, tail_quantile: float = 0.9) -> None:
+                 kv_time_charge: bool = True, tail_weight: float = 1.0, tail_quantile: float = 0.9) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -175,6 +181,7 @@ class PredictedLatencyProducer(DataProducer):
         self.eviction_charge = eviction_charge
         self.slot_charge = slot_charge
         self.young_prefix_charge = young_prefix_charge
+        self.kv_time_charge = kv_time_charge
         self.tail_weight = tail_weight
         datastore.ttft_tail.quantile = tail_quantile
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
@@ -206,13 +213,15 @@ class PredictedLatencyProducer(DataProducer):
         eviction_charge = params.bool("evictionCharge", True)
         slot_charge = params.bool("slotCharge", True)
         young_prefix_charge = params.bool("youngPrefixCharge", True)
+        kv_time_charge = params.bool("kvTimeCharge", True)
         tail_weight = params.float("tailWeight", 1.0, min=0.0, max=100.0)
         tail_quantile = params.float("tailQuantile", 0.9, min=0.5, max=0.999)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
                    copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
                    kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge,
-                   young_prefix_charge=young_prefix_charge, tail_weight=tail_weight, tail_quantile=tail_quantile)
+                   young_prefix_charge=young_prefix_charge, kv_time_charge=kv_time_charge, tail_weight=tail_weight,
+                   tail_quantile=tail_quantile)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -515,6 +524,7 @@ class PredictedLatencyProducer(DataProducer):
         prompt_context = prompt + half_output
         learn = self.learn
         slot_charging = self.slot_charge
+        kv_timing = self.kv_time_charge
         assumed_seqs = self.assumed_batch_limit(endpoints)
         exp = math.exp
         if match is not None:
@@ -614,6 +624,10 @@ class PredictedLatencyProducer(DataProducer):
                            + (own_seconds * u_prefill + rate * blocking * blocking * 0.5) / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
+            kv_time = 0.0
+            if kv_timing and waiting_queue > 0 and metrics.kv_cache_usage >= _KV_FULL:
+                kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
+                externality += kv_time
             # _slot_charge, inline
             slot_charge = rate * slot_wait * lifetime / slots if slot_wait > 0.0 and slot_charging else 0.0
             externality += slot_charge
@@ -645,7 +659,7 @@ class PredictedLatencyProducer(DataProducer):
                               own_seconds, recompute_tokens=recompute, credited_ttft=credited,
                               recompute_seconds=recompute_seconds, paced_wait_seconds=reported_wait,
                               raw_ttft=raw_ttft, drain_seconds=drain, kv_overflow=kv_overflow,
-                              slot_charge=slot_charge))
+                              slot_charge=slot_charge, kv_time_charge=kv_time))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -734,6 +748,12 @@ class PredictedLatencyProducer(DataProducer):
         evicted = match.evicted_tokens.get(ep.address, 0) if match is not None else 0
         if evicted:
             externality += service.prefill_scale * prior.per_prefill_token * evicted
+        # On a pod whose KV cache is full with a queue its new blocks, for as long as it holds
+        # them, hold up the requests queued there (`_kv_time_charge`).
+        kv_time = 0.0
+        if self.kv_time_charge and _full_with_queue(metrics):
+            kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
+            externality += kv_time
         # On a pod whose batch slots are all taken it will hold one for its decode, and the
         # requests sent there while it waits queue behind it: each waits its share of the slots'
         # time longer (`_slot_charge`).
@@ -796,6 +816,7 @@ class PredictedLatencyProducer(DataProducer):
             drain_seconds=drain,
             kv_overflow=kv_overflow,
             slot_charge=slot_charge,
+            kv_time_charge=kv_time,
         )
 
     @staticmethod
@@ -1163,6 +1184,35 @@ def _kv_overflow(ep: Endpoint, own: int, output: int, running_output: float) -> 
         return 0.0
     return max(0.0, min(_kv_utilization(ep) + (own + output) / capacity - 1.0,
                         (running_output * 0.5 + output) / capacity))
+
+
+def _kv_time_charge(ep: Endpoint, tokens: int, seconds: float) -> float:
+    """What a request that brings `tokens` new KV tokens (its uncached prompt and its output) to
+    a pod whose KV cache is full with a queue (`_full_with_queue`), holding them `seconds` (its
+    prefill and decode there), costs the requests queued there: each waits the share of the
+    cache's time it takes, tokens / capacity × seconds, longer. Counted for the requests queued
+    now (the last scrape's and those sent since), at most `_SATURATED` of them (the busy
+    factor's cap, u / (1 - u) at u = 0.95); 0 when the pod does not say its cache size.
+
+    Such a pod admits its queue as running requests free blocks, not at its step pace: its
+    throughput is its capacity over the KV-seconds each request holds, and what a pick costs
+    there is its blocks, not its compute. A hit on a document's holder brings its question's
+    blocks; a copy of the document on another full pod brings the document's too, five times
+    as many on the B2B shape. The compute externality charges a copy's prefill at the pod's
+    prefill load, which on a KV-bound pod reads 0.5-0.7 (it cannot prefill faster than blocks
+    free), so copies onto full pods looked nearly free: on 8 H100 + 8 A100 pods, B2B overload,
+    the EPP missed the cache 355 times in the first 15 s against the weighted sum's 266, a
+    backlog the pool, past its capacity, never worked off (TTFT p90 over five seeds 10.2 s
+    against the weighted sum's 9.1; 9.3 s so, BENCHMARKS.md round 31). The cap keeps a deep
+    overload's charge from following its queues' noise: counted for every request queued, it
+    scaled with queues of 300-500 (`flood-sustained` without flow control, TTFT p99 1.33x
+    least-queue's, 1.15-1.25x so)."""
+    load, metrics = ep.load, ep.metrics
+    capacity = metrics.kv_capacity_tokens
+    if capacity <= 0:
+        return 0.0
+    queued = metrics.waiting_queue_size + max(0, len(load.pending) - load.pending_at_scrape)
+    return tokens / capacity * seconds * min(float(queued), _SATURATED)
 
 
 def _full_with_queue(metrics: EndpointMetrics) -> bool:
