@@ -1199,7 +1199,7 @@ def _kv_time_charge(ep: Endpoint, tokens: int, seconds: float) -> float:
     there is its blocks, not its compute. A hit on a document's holder brings its question's
     blocks; a copy of the document on another full pod brings the document's too, five times
     as many on the B2B shape. The compute externality charges a copy's prefill at the pod's
-    prefill load, which on a KV-bound pod reads 0.5-0.7 (it cannot prefill faster than blocks
+    prefill load, which on a KV-bound pod reads 0.5-0.8 (it cannot prefill faster than blocks
     free), so copies onto full pods looked nearly free: on 8 H100 + 8 A100 pods, B2B overload,
     the EPP missed the cache 355 times in the first 15 s against the weighted sum's 266, a
     backlog the pool, past its capacity, never worked off (TTFT p90 over five seeds 10.2 s
