@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in skipped:
         log(f"skipping {name}: not installed")
     out = Path(args.out) if args.out else RESULTS / f"routing-{sc.name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)  # before the run, not after minutes of it
     log(f"[{sc.name}] {len(arms)} arms × {len(sc.rates)} rates, {sc.duration:g} s per point; {sc.pods.describe()}")
     started = time.monotonic()
     try:
