@@ -792,6 +792,29 @@ def test_the_saturated_ranking_needs_every_pod_full_with_a_queue_and_can_be_turn
     assert all(p.saturation_charge == 0.0 for p in cycle.predictions.values())
 
 
+def test_a_saturated_pool_is_ranked_without_the_externality() -> None:
+    """Every pod full with a queue: what a pick adds to the requests after it is the same work on
+    whichever pod it lands, and its estimate follows each queue's noise, so the cost is the
+    credited TTFT with the prefill the pod computes again (and a copy's charge), the slot and
+    KV-time charges 0. With one pod's cache roomy the pool is not saturated, and the full pods'
+    costs count the cache time the request's blocks take there."""
+    def ranked(roomy: bool) -> dict[str, Prediction]:
+        store = pool(kv_cache_usage=0.95, waiting_queue_size=6, running_requests=40)
+        if roomy:
+            store.endpoints()[3].update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000,
+                                                                kv_cache_usage=0.4, update_time=99.99))
+        return predictions(store, request("x" * 4000))
+
+    saturated = ranked(False)
+    for p in saturated.values():
+        assert p.saturated and p.slot_charge == 0.0 and p.kv_time_charge == 0.0
+        assert p.cost == pytest.approx(p.credited_ttft + p.recompute_seconds + p.saturation_charge + p.tail_charge
+                                       - p.copy_credit)
+    full = [p for address, p in ranked(True).items() if address != "10.0.0.4:8000"]
+    assert all(not p.saturated and p.kv_time_charge > 0.0 for p in full)
+    assert all(p.cost > p.credited_ttft + p.recompute_seconds + p.kv_time_charge for p in full)
+
+
 def test_a_copy_of_a_prefix_in_its_first_seconds_of_reuse_is_charged_at_the_candidates_queue() -> None:
     """In its first seconds of reuse a prefix's holder is likely still computing it, and a copy is
     the same prefill twice: a candidate with prefill queued is charged the copy's premium at the

@@ -39,7 +39,8 @@ copy credit — what a new copy of a hot prefix on a pod without it saves that p
 (all of them, on a pod clearly faster than its holders, or as the second holder of a prefix whose one
 pod is busier on average). A saturated pool (every candidate's KV
 cache full with a queue) is ranked for its throughput instead (`_rank_saturated`): on the
-prediction with the prefill each pod will compute again, and a copy of a prefix its holders have
+prediction with the prefill each pod will compute again, without the externality (the same work
+on whichever of its full pods), and a copy of a prefix its holders have
 charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
 prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
 at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
@@ -417,7 +418,15 @@ class PredictedLatencyProducer(DataProducer):
         When every candidate's last scrape shows a full KV cache and a queue (`_full_with_queue`), the
         pool is past what it can serve: its backlog grows by every second of work it is given,
         and the requests queued on every pod wait it out. What it serves is then set by how much
-        prefill it does again. Two corrections to the cost, for such a pool only:
+        prefill it does again. Three corrections to the cost, for such a pool only:
+        - the externality is left out (the cost starts from `credited_ttft`): what a pick adds
+          to the waits of the requests after it is the same work on whichever pod it lands,
+          each of them full with a queue, and its estimate follows each queue's noise. Kept, a
+          deep overload's picks chased it: `flood-sustained` without flow control, TTFT p99
+          1.15-1.25x least-queue's over three seeds, 1.02-1.08x without; the B2B overload's
+          TTFT p90 / p99 over eight runs (two pools, five and three seeds) 1.02x / 1.06x the
+          weighted sum's (geometric mean), 1.00x / 1.02x without (BENCHMARKS.md round 32).
+          The slot and KV-time charges, parts of it, read 0;
         - each candidate's cost counts the prefill the pod will compute again that the whole
           cache credit leaves out (`Prediction.recompute_seconds`: its cache thrashing, the
           queued requests' prefixes it lost): among a document's holders the one still holding
@@ -429,7 +438,8 @@ class PredictedLatencyProducer(DataProducer):
         below the weighted sum's, its backlog 2-3 s longer (BENCHMARKS.md).
         """
         for p in found:
-            p.cost += p.recompute_seconds
+            p.cost = p.credited_ttft + p.recompute_seconds
+            p.slot_charge = p.kv_time_charge = 0.0
             p.saturated = True
 
     def _charge_copies(self, endpoints: list[Endpoint], found: list[Prediction], match: PrefixMatch,
