@@ -34,8 +34,8 @@ class Prediction:
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
     copy_reason: str = ""  # why: "busy" (its holders' queue), "choice" (a second holder) or "faster" (a faster pod)
     # Ranked on a saturated pool (every candidate's KV cache full with a queue): `cost` is
-    # `credited_ttft` (no externality) with `recompute_seconds`, and `saturation_charge`, seconds for a copy of a prefix its holders
-    # have (work the pool cannot absorb).
+    # `credited_ttft` (no externality) with `recompute_seconds`, and `saturation_charge`,
+    # seconds for a copy of a prefix its holders have (work the pool cannot absorb).
     saturated: bool = False
     saturation_charge: float = 0.0
     # `saturation_charge` set for a prefix in its first seconds of reuse rather than a saturated

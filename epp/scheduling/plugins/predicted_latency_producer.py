@@ -423,9 +423,10 @@ class PredictedLatencyProducer(DataProducer):
           to the waits of the requests after it is the same work on whichever pod it lands,
           each of them full with a queue, and its estimate follows each queue's noise. Kept, a
           deep overload's picks chased it: `flood-sustained` without flow control, TTFT p99
-          1.15-1.25x least-queue's over three seeds, 1.02-1.08x without; the B2B overload's
-          TTFT p90 / p99 over eight runs (two pools, five and three seeds) 1.02x / 1.06x the
-          weighted sum's (geometric mean), 1.00x / 1.02x without (BENCHMARKS.md round 32).
+          1.15-1.25x the best other policy's over three seeds, 1.02-1.08x without; the B2B
+          overload's TTFT p90 / p99 over eight runs (two pools, five and three seeds) 1.02x /
+          1.06x the weighted sum's (geometric mean), 1.00x / 1.02x without (BENCHMARKS.md
+          round 32).
           The slot and KV-time charges, parts of it, read 0;
         - each candidate's cost counts the prefill the pod will compute again that the whole
           cache credit leaves out (`Prediction.recompute_seconds`: its cache thrashing, the
