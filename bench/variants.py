@@ -1,13 +1,18 @@
 """Variants of the scale reports' cases, for what the reports cannot show: a change tuned on
 their pools and seeds that only holds there.
 
-    python -m bench.variants [--jobs 2] [--out DIR]
+    python -m bench.variants [--set variants|stress] [--jobs 2] [--out DIR]
 
 Each variant is a shipped workload on a pool, seed or rate the reports do not run (other splits
 of H100 and A100 pods, smaller and larger pools, seeds 2-7, 0.9-1.1x the rate); every policy of
 `bench.scale` runs it on the same requests, and the summary marks it against the same bars (TTFT
 p90 <= 1.05x, p99 <= 1.2x the best other policy, no more errors). Writes `variants.md` under the
 output directory (default bench/results); ~10 min on 2 cores.
+
+`--set stress` runs the stress set instead (`stress.md`, ~5 min): issue 10's shapes with other
+parameters, written for it under bench/workloads-sim/stress/ (fewer or more shared contexts,
+steeper popularity, deeper agent sessions, a KV-heavy tenant mix, twice the long share of the
+head-of-line mix), and shipped workloads at 1.3x their rate — where the pools' KV caches fill.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from epp.sim.cluster.workload import load_workload
 
 @dataclass(slots=True, frozen=True)
 class Variant:
-    workload: str
+    workload: str  # a shipped workload's name, or a workload file
     pods: str  # `--pods` of `epp simulate`
     seed: int
     rate: float = 1.0
@@ -50,34 +55,55 @@ VARIANTS = (
     Variant("load-balancing", "2:h100,10:a100", 3),
 )
 
+_STRESS = Path(__file__).parent / "workloads-sim" / "stress"
+
+STRESS = (
+    Variant(str(_STRESS / "b2b-few-long-contexts.yaml"), "16", 1),
+    Variant(str(_STRESS / "b2b-many-short-contexts.yaml"), "8:h100,8:a100", 1),
+    Variant(str(_STRESS / "b2b-hot-contexts.yaml"), "16", 1),
+    Variant(str(_STRESS / "agentic-deep-sessions.yaml"), "8:h100,8:a100", 1),
+    Variant(str(_STRESS / "zipf-steep.yaml"), "16", 1),
+    Variant(str(_STRESS / "long-context-few-documents.yaml"), "16", 1),
+    Variant(str(_STRESS / "multi-tenant-kv-heavy.yaml"), "8:h100,8:a100", 1),
+    Variant(str(_STRESS / "head-of-line-heavy.yaml"), "16", 1),
+    Variant("head-of-line", "16", 1, 1.3),
+    Variant("multi-tenant", "8:h100,8:a100", 1, 1.3),
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", choices=("variants", "stress"), default="variants", dest="which",
+                        help="the variants of the shipped workloads, or the stress set")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="parallel simulations")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    stress = args.which == "stress"
     tasks = []
-    for v in VARIANTS:
+    for v in STRESS if stress else VARIANTS:
         workload = load_workload(v.workload)
         if v.rate != 1.0:
             workload = workload.scaled(rate=v.rate)
         for policy in POLICIES:
-            tasks.append(SimTask(f"{v.workload}/{v.label}", workload, policy, v.pods, seed=v.seed))
+            tasks.append(SimTask(f"{workload.name}/{v.label}", workload, policy, v.pods, seed=v.seed))
     cases, wall = run_cases(tasks, args.jobs)
     table, passed, total = summary(cases)
+    what = ("issue 10's shapes with parameters no report runs (workload files under bench/workloads-sim/stress/) "
+            "and shipped workloads at 1.3x their rate" if stress else
+            "the scale reports' workloads on pools, seeds and rates they do not run")
     text = "\n".join([
-        "# Routing quality in virtual time: variants",
+        f"# Routing quality in virtual time: {'the stress set' if stress else 'variants'}",
         "",
-        f"`python -m bench.variants` — {len(tasks)} simulations, {wall:.0f} s on this machine. The scale "
-        "reports' workloads on pools, seeds and rates they do not run; every policy of a case ran the same "
-        "requests (`bench.scale` says how).",
+        f"`python -m bench.variants{' --set stress' if stress else ''}` — {len(tasks)} simulations, {wall:.0f} s "
+        f"on this machine. {what[0].upper() + what[1:]}; every policy of a case ran the same requests "
+        "(`bench.scale` says how).",
         "",
-        f"**The default within the bars: {passed} of {total} variants.**",
+        f"**The default within the bars: {passed} of {total} {'cases' if stress else 'variants'}.**",
         "",
         table,
         "",
     ])
-    write_report(args.out / "variants.md", text, wall)
+    write_report(args.out / ("stress.md" if stress else "variants.md"), text, wall)
     return 0
 
 

@@ -16,3 +16,22 @@ def test_every_variant_is_runnable_and_none_repeats_a_report() -> None:
         assert parse_pods(v.pods)
         assert v.seed != 1 or v.pods not in reported or v.rate != 1.0
     assert len({(v.workload, v.pods, v.seed, v.rate) for v in variants.VARIANTS}) == len(variants.VARIANTS)
+
+
+def test_the_stress_set_is_runnable_and_is_not_a_shipped_case() -> None:
+    """Its workload files load with names of their own (no shipped workload's), and its shipped
+    workloads run at a rate no report runs."""
+    from epp.sim.cluster.workload import builtin_names
+
+    shipped = set(builtin_names())
+    names = set()
+    for v in variants.STRESS:
+        workload = load_workload(v.workload)
+        assert workload.classes
+        assert parse_pods(v.pods)
+        if v.workload in shipped:
+            assert v.rate > 1.1
+        else:
+            assert workload.name not in shipped
+            names.add(workload.name)
+    assert len(names) == sum(1 for v in variants.STRESS if v.workload not in shipped)
