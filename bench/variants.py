@@ -88,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
             tasks.append(SimTask(f"{workload.name}/{v.label}", workload, policy, v.pods, seed=v.seed))
     cases, wall = run_cases(tasks, args.jobs)
     table, passed, total = summary(cases)
-    what = ("issue 10's shapes with parameters no report runs (workload files under bench/workloads-sim/stress/) "
+    what = ("Issue 10's shapes with parameters no report runs (workload files under bench/workloads-sim/stress/) "
             "and shipped workloads at 1.3x their rate" if stress else
-            "the scale reports' workloads on pools, seeds and rates they do not run")
+            "The scale reports' workloads on pools, seeds and rates they do not run")
     text = "\n".join([
         f"# Routing quality in virtual time: {'the stress set' if stress else 'variants'}",
         "",
         f"`python -m bench.variants{' --set stress' if stress else ''}` — {len(tasks)} simulations, {wall:.0f} s "
-        f"on this machine. {what[0].upper() + what[1:]}; every policy of a case ran the same requests "
+        f"on this machine. {what}; every policy of a case ran the same requests "
         "(`bench.scale` says how).",
         "",
         f"**The default within the bars: {passed} of {total} {'cases' if stress else 'variants'}.**",
