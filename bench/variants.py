@@ -11,8 +11,9 @@ output directory (default bench/results); ~10 min on 2 cores.
 
 `--set stress` runs the stress set instead (`stress.md`, ~5 min): issue 10's shapes with other
 parameters, written for it under bench/workloads-sim/stress/ (fewer or more shared contexts,
-steeper popularity, deeper agent sessions, a KV-heavy tenant mix, twice the long share of the
-head-of-line mix), and shipped workloads at 1.3x their rate — where the pools' KV caches fill.
+steeper popularity, deeper agent sessions, a KV-heavy tenant mix with and without sheddable
+batch, twice the long share of the head-of-line mix), and shipped workloads at 1.3x their rate —
+where the pools' KV caches fill.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ STRESS = (
     Variant(str(_STRESS / "zipf-steep.yaml"), "16", 1),
     Variant(str(_STRESS / "long-context-few-documents.yaml"), "16", 1),
     Variant(str(_STRESS / "multi-tenant-kv-heavy.yaml"), "8:h100,8:a100", 1),
+    Variant(str(_STRESS / "multi-tenant-kv-heavy-served.yaml"), "8:h100,8:a100", 1),
     Variant(str(_STRESS / "head-of-line-heavy.yaml"), "16", 1),
     Variant("head-of-line", "16", 1, 1.3),
     Variant("multi-tenant", "8:h100,8:a100", 1, 1.3),

@@ -35,3 +35,6 @@ def test_the_stress_set_is_runnable_and_is_not_a_shipped_case() -> None:
             assert workload.name not in shipped
             names.add(workload.name)
     assert len(names) == sum(1 for v in variants.STRESS if v.workload not in shipped)
+    served = load_workload(str(variants._STRESS / "multi-tenant-kv-heavy-served.yaml"))
+    assert "multi-tenant-kv-heavy-served" in names
+    assert all((c.priority or 0) >= 0 for c in served.classes)  # nothing legacy admission may shed
