@@ -22,7 +22,8 @@ from epp.scheduling.framework import CycleState
 from epp.scheduling.plugins._cold_reuse import ColdReuse
 from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins.latency_scorer import LatencyScorer
-from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer, _kv_time_charge, _reused_prefix
+from epp.scheduling.plugins.predicted_latency_producer import (PredictedLatencyProducer, _kv_filling_charge,
+                                                               _kv_time_charge, _reused_prefix)
 from epp.scheduling.prediction import Prediction
 from epp.scheduling.prefix_match import PrefixMatch
 
@@ -884,13 +885,61 @@ def test_a_saturated_pools_copy_is_charged_at_the_holders_speed_whatever_the_can
     assert found[fast.address].prefill_work_seconds < 0.5 * found[slow.address].prefill_work_seconds
 
 
+def test_a_prompt_a_pod_does_not_hold_is_charged_the_queue_its_filling_cache_will_make() -> None:
+    """While the pool's caches bind (a candidate full with a queue in the last 10 s), a prompt a
+    pod does not hold is charged its new blocks' share of the cache's time for the queue a cache
+    that full makes, rho^2 / (1 - rho) (rho at most 0.95): many times more on a 0.85-full cache
+    than on a 0.3-full one; nothing on the pod that holds its prefix (it brings fewer blocks
+    there than anywhere), nothing where no cache has bound lately; off with
+    `kvFillingCharge: false`."""
+    store = pool()
+    filling, roomy, holder, full = store.endpoints()
+    capacity = 16 * 20_000
+    for ep, use in ((filling, 0.85), (roomy, 0.3), (holder, 0.85), (full, 0.3)):
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                          kv_cache_usage=use, running_requests=30))
+    match = PrefixMatch(total=500, block_size_tokens=16, matched={holder.address: 450}, hashes=list(range(500)))
+
+    def prepare(producer: PredictedLatencyProducer, now: float) -> list[Prediction]:
+        store.clock = lambda: now
+        cycle = CycleState()
+        cycle.data["match"] = match
+        producer.prefix_producer = SimpleNamespace(name="match")  # type: ignore[assignment]
+        producer.prepare(cycle, request("x" * 32_000, max_tokens=400), list(store.endpoints()))
+        return [cycle.predictions[ep.address] for ep in store.endpoints()]
+
+    producer, off = PredictedLatencyProducer(datastore=store), PredictedLatencyProducer(datastore=store,
+                                                                                         kv_filling_charge=False)
+    assert all(p.kv_time_charge == 0.0 for p in prepare(producer, 100.0))  # no cache has bound
+    prepare(off, 100.0)  # (both see the same requests)
+    full.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99,
+                                        kv_cache_usage=0.95, waiting_queue_size=3, running_requests=30))
+    prepare(producer, 100.0)
+    prepare(off, 100.0)
+    full.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=104.99,
+                                        kv_cache_usage=0.3, running_requests=30))  # its queue gone, 5 s on
+    charged, cheap, hit, _ = prepare(producer, 105.0)
+    own, output = charged.own_prefill, charged.output_tokens
+    rho = 0.85 + (own + output * 0.5) / capacity
+    seconds = charged.kv_time_charge / ((own + output) / capacity * rho * rho / (1.0 - rho))
+    assert seconds > charged.prefill_work_seconds
+    assert 0.0 < cheap.kv_time_charge < charged.kv_time_charge / 10
+    assert hit.kv_time_charge == 0.0 and hit.cached_tokens * 2 > hit.prompt_tokens
+    unc = prepare(off, 105.0)[0]
+    assert unc.kv_time_charge == 0.0 and unc.cost == pytest.approx(charged.cost - charged.kv_time_charge)
+    assert all(p.kv_time_charge == 0.0 for p in prepare(producer, 110.5))  # 10 s since the cache bound
+    capped = (8_400 / capacity) * 2.0 * 0.95 ** 2 / 0.05
+    assert _kv_filling_charge(0.94, capacity, 8_000, 400, 2.0) == pytest.approx(capped)
+
+
 @pytest.mark.parametrize("parameter, attribute", [("saturatedPool", "saturated_pool"),
                                                   ("drainCharge", "drain_charge"),
                                                   ("kvUtilization", "kv_utilization"),
                                                   ("evictionCharge", "eviction_charge"),
                                                   ("slotCharge", "slot_charge"),
                                                   ("youngPrefixCharge", "young_prefix_charge"),
-                                                  ("kvTimeCharge", "kv_time_charge")])
+                                                  ("kvTimeCharge", "kv_time_charge"),
+                                                  ("kvFillingCharge", "kv_filling_charge")])
 def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
                                                                                       attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:

@@ -2,7 +2,7 @@
 readable one kept beside it (`_predict`), on random states: ledgers with requests in every
 phase, scraped metrics the ledger does and does not explain, full batches (configured and
 learned batch limits), full KV caches, LoRA adapters, learned service models and calibrations,
-paces measured while backlogged, KV use as utilisation, prefix credit, evictions and prefixes to compute again. A change to the prediction is made in both; this test
+paces measured while backlogged, KV use as utilisation and as a filling queue, prefix credit, evictions and prefixes to compute again. A change to the prediction is made in both; this test
 says where they part."""
 
 from __future__ import annotations
@@ -84,8 +84,10 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
     arrivals = rng.choice([0.0, rng.uniform(0.0, 50.0)])
     certainty = rng.choice([0.0, 1.0, rng.uniform(0.0, 1.0)])
     kv_floor = rng.random() < 0.5
+    kv_pressure = rng.random() < 0.5
     fast = producer.predict_all(endpoints, match, prompt, output, now, stats, "src", arrivals, model, certainty,
-                                kv_floor)
+                                kv_floor, kv_pressure)
     for ep, got in zip(endpoints, fast):
         assert got == producer._predict(ep, match, prompt, output, now, stats, "src", arrivals, model,
-                                        producer.assumed_batch_limit(endpoints), certainty, kv_floor), ep.name
+                                        producer.assumed_batch_limit(endpoints), certainty, kv_floor,
+                                        kv_pressure), ep.name

@@ -49,7 +49,10 @@ pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
 after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
 recompute of its next request (`_charge_evictions`). On a pod whose KV cache is full with a
 queue, a request's new blocks (its uncached prompt and its output), for as long as it holds them,
-hold up the requests queued there (`_kv_time_charge`). A request that must wait for a batch slot is
+hold up the requests queued there (`_kv_time_charge`); short of full, while the pool's caches
+bind, a prompt the pod does not hold brings them to a cache whose queue grows as it fills
+(`_kv_filling_charge`).
+A request that must wait for a batch slot is
 charged what it adds, holding one for its decode, to the waits of the requests sent there
 meanwhile (`_slot_charge`). A copy of a prefix in its first seconds of reuse, while its holder is
 likely still computing it, is charged the prefill it repeats at the load the candidate's queue
@@ -96,6 +99,12 @@ Parameters (all optional):
   share of the cache's time its new blocks take (uncached prompt and output, over its prefill and
   decode) for each request queued there, up to 19 (`_kv_time_charge`), so a document is not
   copied onto a full pod, where its blocks hold the queue up, to save this request a short wait.
+- `kvFillingCharge` (true): short of that, while the pool's caches bind (a candidate full with a
+  queue in the last 10 s), charge a prompt the pod does not hold the same share of the cache's
+  time for the queue a cache as full as its would make, rho^2 / (1 - rho) requests, up to 18
+  (`_kv_filling_charge`), so long prompts and generations do not fill the caches of the pods
+  whose compute looks no busier until they preempt while others have room. Both show as
+  `kv_time_charge=` in `x-epp-decision`.
 - `youngPrefixCharge` (true): charge a copy of a prefix in its first seconds of reuse the prefill
   it repeats at the load the candidate's queue shows (`_charge_copies`), so the documents of a
   cold start are computed once, where they were first sent, not again wherever the first
@@ -153,6 +162,9 @@ _REUSED = 0.5
 _REUSE_HORIZON = 30.0  # seconds
 # What a second of avoidable prefill costs a saturated pool: the externality's u / (1 - u) at its cap.
 _SATURATED = _MAX_UTILIZATION / (1.0 - _MAX_UTILIZATION)
+# How long after a candidate was last seen full with a queue the pool's caches count as binding
+# (`_kv_filling_charge`): a scrape's queue comes and goes, a cache's fill lasts.
+_KV_PRESSURE_SECONDS = 10.0
 _BUSY_CAP = 1.0 / (1.0 - _MAX_UTILIZATION)  # the busy factor 1 / (1 - u) at the cap
 
 
@@ -163,7 +175,8 @@ class PredictedLatencyProducer(DataProducer):
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
                  saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
                  eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True,
-                 kv_time_charge: bool = True, tail_weight: float = 1.0, tail_quantile: float = 0.9) -> None:
+                 kv_time_charge: bool = True, kv_filling_charge: bool = True, tail_weight: float = 1.0,
+                 tail_quantile: float = 0.9) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -183,6 +196,8 @@ class PredictedLatencyProducer(DataProducer):
         self.slot_charge = slot_charge
         self.young_prefix_charge = young_prefix_charge
         self.kv_time_charge = kv_time_charge
+        self.kv_filling_charge = kv_filling_charge
+        self._kv_full_at = -math.inf  # when a candidate was last full with a queue (`_kv_filling_charge`)
         self.tail_weight = tail_weight
         datastore.ttft_tail.quantile = tail_quantile
         self._prefix_rates = PrefixRates(_RATE_WINDOW)
@@ -215,14 +230,15 @@ class PredictedLatencyProducer(DataProducer):
         slot_charge = params.bool("slotCharge", True)
         young_prefix_charge = params.bool("youngPrefixCharge", True)
         kv_time_charge = params.bool("kvTimeCharge", True)
+        kv_filling_charge = params.bool("kvFillingCharge", True)
         tail_weight = params.float("tailWeight", 1.0, min=0.0, max=100.0)
         tail_quantile = params.float("tailQuantile", 0.9, min=0.5, max=0.999)
         params.done()
         return cls(name, datastore=ctx.datastore, prior=prior, prefix_producer_name=producer, learn=learn,
                    copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
                    kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge,
-                   young_prefix_charge=young_prefix_charge, kv_time_charge=kv_time_charge, tail_weight=tail_weight,
-                   tail_quantile=tail_quantile)
+                   young_prefix_charge=young_prefix_charge, kv_time_charge=kv_time_charge,
+                   kv_filling_charge=kv_filling_charge, tail_weight=tail_weight, tail_quantile=tail_quantile)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -274,9 +290,13 @@ class PredictedLatencyProducer(DataProducer):
         # theirs (below `_KV_FULL`): only then is there somewhere else to go (`_kv_utilization`).
         kv_floor = self.kv_utilization and sum(
             1 for ep in endpoints if _kv_utilization(ep) < _KV_FULL) * 2 >= len(endpoints)
-        found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model,
-                                 stats.length_certainty(request.max_tokens), kv_floor)
         full = sum(1 for ep in endpoints if _full_with_queue(ep.metrics))
+        if full:
+            self._kv_full_at = now
+        # The pool's caches bind while a candidate was full with a queue lately (`_kv_filling_charge`).
+        kv_pressure = self.kv_filling_charge and now - self._kv_full_at <= _KV_PRESSURE_SECONDS
+        found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model,
+                                 stats.length_certainty(request.max_tokens), kv_floor, kv_pressure)
         saturated = self.saturated_pool and 0 < full == len(endpoints)  # the pool past its capacity
         if saturated:
             self._rank_saturated(found)
@@ -515,14 +535,15 @@ class PredictedLatencyProducer(DataProducer):
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
-                length_certainty: float = 0.0, kv_floor: bool = False) -> Prediction:
+                length_certainty: float = 0.0, kv_floor: bool = False, kv_pressure: bool = False) -> Prediction:
         """One candidate's prediction (`predict_all` of one)."""
         return self.predict_all([ep], match, prompt, output, now, stats, source, arrivals_per_pod, model,
-                                length_certainty, kv_floor)[0]
+                                length_certainty, kv_floor, kv_pressure)[0]
 
     def predict_all(self, endpoints: list[Endpoint], match: PrefixMatch | None, prompt: int, output: int,
                     now: float, stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0,
-                    model: str = "", length_certainty: float = 0.0, kv_floor: bool = False) -> list[Prediction]:
+                    model: str = "", length_certainty: float = 0.0, kv_floor: bool = False,
+                    kv_pressure: bool = False) -> list[Prediction]:
         """Every candidate's prediction. This runs for each candidate of every request, so the
         per-request terms are computed once and the cheap cases of each wait are decided inline;
         it computes exactly what `_predict` (the readable form, kept for reference) does, in the
@@ -614,7 +635,7 @@ class PredictedLatencyProducer(DataProducer):
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
             else:
                 utilization = prefill_utilization = rate = 0.0
-            kv_overflow = 0.0
+            kv_overflow = kv_use = 0.0
             if kv_floor:
                 kv_use = _kv_utilization(ep)
                 utilization = max(utilization, kv_use)
@@ -638,6 +659,9 @@ class PredictedLatencyProducer(DataProducer):
             kv_time = 0.0
             if kv_timing and waiting_queue > 0 and metrics.kv_cache_usage >= _KV_FULL:
                 kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
+                externality += kv_time
+            elif kv_pressure and kv_floor and cached * 2 < prompt and metrics.kv_capacity_tokens > 0:
+                kv_time = _kv_filling_charge(kv_use, metrics.kv_capacity_tokens, own, output, own_seconds + lifetime)
                 externality += kv_time
             # _slot_charge, inline
             slot_charge = rate * slot_wait * lifetime / slots if slot_wait > 0.0 and slot_charging else 0.0
@@ -675,7 +699,8 @@ class PredictedLatencyProducer(DataProducer):
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                  stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
-                 assumed_seqs: int = 0, length_certainty: float = 0.0, kv_floor: bool = False) -> Prediction:
+                 assumed_seqs: int = 0, length_certainty: float = 0.0, kv_floor: bool = False,
+                 kv_pressure: bool = False) -> Prediction:
         """The prediction for one candidate, term by term (what `predict_all` computes faster);
         `assumed_seqs`: `assumed_batch_limit` of the candidates (0: the configured limit)."""
         load, service, metrics = ep.load, ep.service, ep.metrics
@@ -764,6 +789,13 @@ class PredictedLatencyProducer(DataProducer):
         kv_time = 0.0
         if self.kv_time_charge and _full_with_queue(metrics):
             kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
+            externality += kv_time
+        # Short of that, while the pool's caches bind, a prompt the pod does not hold brings them
+        # to a cache that, the fuller it is, the more requests will queue at for blocks
+        # (`_kv_filling_charge`).
+        elif kv_pressure and kv_floor and cached * 2 < prompt and metrics.kv_capacity_tokens > 0:
+            kv_time = _kv_filling_charge(_kv_utilization(ep), metrics.kv_capacity_tokens, own, output,
+                                         own_seconds + lifetime)
             externality += kv_time
         # On a pod whose batch slots are all taken it will hold one for its decode, and the
         # requests sent there while it waits queue behind it: each waits its share of the slots'
@@ -1224,6 +1256,36 @@ def _kv_time_charge(ep: Endpoint, tokens: int, seconds: float) -> float:
         return 0.0
     queued = metrics.waiting_queue_size + max(0, len(load.pending) - load.pending_at_scrape)
     return tokens / capacity * seconds * min(float(queued), _SATURATED)
+
+
+def _kv_filling_charge(kv_use: float, capacity: int, own: int, output: int, seconds: float) -> float:
+    """What a request that brings `own` uncached prompt tokens and `output` tokens of output to a
+    pod whose KV cache is `kv_use` full (`_kv_utilization`) of `capacity` tokens, holding them
+    `seconds` (its prefill and decode there), costs the requests that will queue there for
+    blocks: the share of the cache's time it takes, as `_kv_time_charge`, for the queue a cache
+    that full makes, rho^2 / (1 - rho) (M/M/1's mean queue, rho the cache's use with this prompt
+    and half its output, capped at 0.95 as the busy factor: at most 18). Charged (by the caller)
+    while the pool's caches bind (a candidate was full with a queue in the last
+    `_KV_PRESSURE_SECONDS`) and at least half the candidates' caches have room, on a pod not
+    already full with a queue, for a prompt the pod does not hold at least half of.
+
+    `_kv_time_charge` prices a pod's cache once it is full with a queue; until then a cache at
+    0.99 and one at 0.6 looked alike wherever compute runs at the busy factor's cap (every pod of
+    a pool near its decode capacity), and a 6k-token prompt is 1.5% of a 452k-token cache, so the
+    overflow term barely moves. Long prompts and generations then gathered on the pods short
+    requests avoid or whose prefill is fast until those filled and preempted while others had
+    room: `head-of-line` at 1.3x its rate on 16 pods read TTFT p90 / p99 312 / 6,508 ms against
+    the greedy oracle's 98 / 200, `head-of-line-heavy` 179 / 1,482 against 135 / 240, and the
+    KV-heavy tenant mix served in full on 8 H100 + 8 A100 pods 1,136 / 2,360 against the weighted
+    sum's 650 / 1,626 (its H100s' caches at 0.97-1.00, the A100s' at 0.15-0.40). A prompt whose
+    prefix the pod holds is not charged: it brings fewer blocks there than anywhere. Charged too,
+    a document's hit on its holder, whose cache its documents keep full, cost more than a copy
+    onto a pod with room, and the B2B overload's copies spiralled (16 pods: 213 / 309 ms -> 498 /
+    1,330). Charged where no cache binds, it traded the queue for the cache's fill where compute
+    binds and cost a few ms of p90 (`head-of-line`, 16 pods: 63 -> 68 ms against the oracle's 61;
+    BENCHMARKS.md round 35)."""
+    rho = min(_MAX_UTILIZATION, kv_use + (own + output * 0.5) / capacity)
+    return (own + output) / capacity * seconds * rho * rho / (1.0 - rho)
 
 
 def _full_with_queue(metrics: EndpointMetrics) -> bool:
