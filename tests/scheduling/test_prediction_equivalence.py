@@ -62,7 +62,8 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
     rng = random.Random(seed)
     now = 1000.0 + rng.uniform(0, 100)
     endpoints = [random_endpoint(rng, i, now) for i in range(rng.randint(1, 40))]
-    producer = PredictedLatencyProducer(datastore=Datastore(), learn=rng.random() < 0.8)
+    producer = PredictedLatencyProducer(datastore=Datastore(), learn=rng.random() < 0.8,
+                                        kv_time_charge=rng.random() < 0.8)
     stats = ModelStats()
     for _ in range(rng.randint(0, 50)):
         stats.observe(rng.randint(1, 20000), rng.randint(1, 5000), rng.randint(0, 800))

@@ -657,9 +657,10 @@ class PredictedLatencyProducer(DataProducer):
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
             kv_time = 0.0
-            if kv_timing and waiting_queue > 0 and metrics.kv_cache_usage >= _KV_FULL:
-                kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
-                externality += kv_time
+            if waiting_queue > 0 and metrics.kv_cache_usage >= _KV_FULL:  # _full_with_queue, inline
+                if kv_timing:
+                    kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
+                    externality += kv_time
             elif kv_pressure and kv_floor and cached * 2 < prompt and metrics.kv_capacity_tokens > 0:
                 kv_time = _kv_filling_charge(kv_use, metrics.kv_capacity_tokens, own, output, own_seconds + lifetime)
                 externality += kv_time
@@ -787,9 +788,10 @@ class PredictedLatencyProducer(DataProducer):
         # On a pod whose KV cache is full with a queue its new blocks, for as long as it holds
         # them, hold up the requests queued there (`_kv_time_charge`).
         kv_time = 0.0
-        if self.kv_time_charge and _full_with_queue(metrics):
-            kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
-            externality += kv_time
+        if _full_with_queue(metrics):
+            if self.kv_time_charge:
+                kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
+                externality += kv_time
         # Short of that, while the pool's caches bind, a prompt the pod does not hold brings them
         # to a cache that, the fuller it is, the more requests will queue at for blocks
         # (`_kv_filling_charge`).
