@@ -51,9 +51,7 @@ recompute of its next request (`_charge_evictions`). On a pod whose KV cache is 
 queue, a request's new blocks (its uncached prompt and its output), for as long as it holds them,
 hold up the requests queued there (`_kv_time_charge`); short of full, while the pool's caches
 bind, a prompt the pod does not hold brings them to a cache whose queue grows as it fills
-(`_kv_filling_charge`).
-A request that must wait for a batch slot is
-charged what it adds, holding one for its decode, to the waits of the requests sent there
+(`_kv_filling_charge`). A request that must wait for a batch slot is charged what it adds, holding one for its decode, to the waits of the requests sent there
 meanwhile (`_slot_charge`). A copy of a prefix in its first seconds of reuse, while its holder is
 likely still computing it, is charged the prefill it repeats at the load the candidate's queue
 shows (`_charge_copies`). Every candidate is charged for the TTFT tail: the seconds it would
@@ -1274,18 +1272,19 @@ def _kv_filling_charge(kv_use: float, capacity: int, own: int, output: int, seco
     `_kv_time_charge` prices a pod's cache once it is full with a queue; until then a cache at
     0.99 and one at 0.6 looked alike wherever compute runs at the busy factor's cap (every pod of
     a pool near its decode capacity), and a 6k-token prompt is 1.5% of a 452k-token cache, so the
-    overflow term barely moves. Long prompts and generations then gathered on the pods short
-    requests avoid or whose prefill is fast until those filled and preempted while others had
-    room: `head-of-line` at 1.3x its rate on 16 pods read TTFT p90 / p99 312 / 6,508 ms against
-    the greedy oracle's 98 / 200, `head-of-line-heavy` 179 / 1,482 against 135 / 240, and the
-    KV-heavy tenant mix served in full on 8 H100 + 8 A100 pods 1,136 / 2,360 against the weighted
-    sum's 650 / 1,626 (its H100s' caches at 0.97-1.00, the A100s' at 0.15-0.40). A prompt whose
-    prefix the pod holds is not charged: it brings fewer blocks there than anywhere. Charged too,
-    a document's hit on its holder, whose cache its documents keep full, cost more than a copy
-    onto a pod with room, and the B2B overload's copies spiralled (16 pods: 213 / 309 ms -> 498 /
-    1,330). Charged where no cache binds, it traded the queue for the cache's fill where compute
-    binds and cost a few ms of p90 (`head-of-line`, 16 pods: 63 -> 68 ms against the oracle's 61;
-    BENCHMARKS.md round 35)."""
+    overflow term barely moves. Long prompts then gathered on the pods whose prefill is fast until
+    those filled while others had room: the KV-heavy tenant mix served in full on 8 H100 + 8 A100
+    pods read TTFT p90 / p99 1,136 / 2,360 ms against the weighted sum's 650 / 1,626 (its H100s'
+    caches at 0.97-1.00, the A100s' at 0.15-0.40; 560 / 1,914 so), `head-of-line-heavy` on 16
+    pods 179 / 1,482 against the greedy oracle's 135 / 240 (140 / 352 so). A prompt whose prefix
+    the pod holds is not charged: it brings fewer blocks there than anywhere. Charged too (from
+    a cache use of 0.8), a document's hit on its holder, whose cache its documents keep full,
+    cost more than a copy onto a pod with room, and the B2B overload's copies spiralled (16
+    pods: 213 / 309 ms -> 498 / 1,330). Charged where no cache binds, it traded the queue for the
+    cache's fill where compute binds and cost a few ms of p90 (`head-of-line`, 16 pods: 63 -> 68
+    ms against the oracle's 61) — though it also spread `head-of-line` at 1.3x its rate, whose
+    pods fill their batch slots and caches together without ever showing a queue (312 / 6,508
+    ms, 103-106 / 356-363 ungated; BENCHMARKS.md round 35)."""
     rho = min(_MAX_UTILIZATION, kv_use + (own + output * 0.5) / capacity)
     return (own + output) / capacity * seconds * rho * rho / (1.0 - rho)
 
