@@ -14,7 +14,8 @@ ledger hold?
   were given. `reason="busy"`: a hot prefix spreading to more pods (steadily rising, the pool is
   short of copies); `reason="choice"`: a second copy of a reused prefix held by one pod that is
   busier than the others on average (rising with new prefixes; steadily, prefixes keep being
-  evicted down to one copy); `reason="faster"`: a reused prefix moving from slower pods to a
+  evicted down to one copy); `reason="young"`: the same second copy made in a long prefix's first
+  seconds of reuse, onto an idle pod with room (rising as new documents arrive); `reason="faster"`: a reused prefix moving from slower pods to a
   faster one (a pool mixing GPU types; steadily rising, prefixes keep landing on the slow pods
   first).
 - `inference_extension_saturated_pool_picks_total`: picks made while every candidate's last scrape
@@ -139,7 +140,8 @@ class LatencyMetrics:
         self.copies = Counter("inference_extension_prefix_copies",
                               "Picks that copied a reused prefix to an endpoint without it, credited for what "
                               "the copy saves the prefix's next requests, by reason: busy (its holders' "
-                              "queue), choice (a second holder for a prefix on one busier endpoint), faster "
+                              "queue), choice (a second holder for a prefix on one busier endpoint), young (a "
+                              "second holder made in a long prefix's first seconds), faster "
                               "(an endpoint faster than every holder).", ["reason"],
                               registry=registry)
         self.copy_credit = Counter("inference_extension_prefix_copy_credit_seconds",

@@ -32,7 +32,7 @@ class Prediction:
     work_seconds: float = 0.0  # pod time the request costs: its prefill and its share of decode steps
     prefill_work_seconds: float = 0.0  # of `work_seconds`, its own prefill
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
-    copy_reason: str = ""  # why: "busy" (its holders' queue), "choice" (a second holder) or "faster" (a faster pod)
+    copy_reason: str = ""  # why: "busy" (holders' queue), "choice" / "young" (a second holder) or "faster" (a faster pod)
     # Ranked on a saturated pool (every candidate's KV cache full with a queue): `cost` is
     # `credited_ttft` (no externality) with `recompute_seconds`, and `saturation_charge`,
     # seconds for a copy of a prefix its holders have (work the pool cannot absorb).

@@ -22,7 +22,7 @@ from epp.scheduling.framework import CycleState
 from epp.scheduling.plugins._cold_reuse import ColdReuse
 from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins.latency_scorer import LatencyScorer
-from epp.scheduling.plugins.predicted_latency_producer import (PredictedLatencyProducer, _kv_filling_charge,
+from epp.scheduling.plugins.predicted_latency_producer import (PredictedLatencyProducer, _early_copy, _kv_filling_charge,
                                                                _kv_time_charge, _reused_prefix)
 from epp.scheduling.prediction import Prediction
 from epp.scheduling.prefix_match import PrefixMatch
@@ -589,11 +589,11 @@ DOC_CHARS = 10_000  # ~2,500 tokens, and a question of ~600: within what the app
 def route_document_requests(copy_credit: bool, documents: int = 1, count: int = 60,
                             gap: float = 0.02, metrics: object = None, results: list[object] | None = None,
                             first_gap: float | None = None, kv_usage: float = 0.0,
-                            waiting: int = 0) -> list[tuple[str, Prediction]]:
+                            waiting: int = 0, young_copy: bool = False) -> list[tuple[str, Prediction]]:
     """Route `count` questions over `documents` shared documents, `gap` seconds apart, none
     ending (each first byte comes when predicted): the chosen pod and its prediction, per request.
     `kv_usage`, `waiting`: the share of every pod's KV cache its last scrape showed in use, and
-    the requests it showed waiting."""
+    the requests it showed waiting. `young_copy`: `youngCopyCredit` (off: the other cases alone)."""
     now = [100.0]
     store = Datastore(clock=lambda: now[0])
     for i in range(PODS):
@@ -605,7 +605,7 @@ apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: predicted-latency-producer
-  parameters: {{copyCredit: {str(copy_credit).lower()}}}
+  parameters: {{copyCredit: {str(copy_credit).lower()}, youngCopyCredit: {str(young_copy).lower()}}}
 - type: latency-scorer
 - type: max-score-picker
 schedulingProfiles:
@@ -705,6 +705,57 @@ def test_a_hot_prefix_is_copied_once_its_holder_is_overloaded() -> None:
                 or 0.0) == reasons.count(reason)
     assert registry.get_sample_value("inference_extension_prefix_copy_credit_seconds_total") == pytest.approx(
         sum(p.copy_credit for _, p in with_credit))
+
+
+def test_a_long_prefix_gets_a_second_copy_in_its_first_seconds_onto_an_idle_pod_with_room() -> None:
+    """In a prefix's first seconds of reuse, while one pod holds it, an idle pod whose cache stays
+    under half full with it takes a second copy as a hit would (`youngCopyCredit`): later the
+    copy would cost a request a whole cold prefill, now the second request would mostly wait for
+    the first's. Once, the prefix on two pods; not onto caches that fill, nor with it off."""
+    made: list[EppMetrics] = []
+
+    def metrics(store: Datastore) -> EppMetrics:
+        made.append(EppMetrics(store))
+        return made[-1]
+
+    picks = route_document_requests(True, gap=0.025, first_gap=0.1, young_copy=True, metrics=metrics)
+    holder = picks[0][0]
+    # (The second request is the prefix's first reuse: its rate is known from the third.)
+    first = next(i for i, (address, _) in enumerate(picks) if address != holder)
+    copy = picks[first][1]
+    assert first == 2 and copy.cached_tokens == 0
+    assert copy.copy_reason == "young" and 0.0 < copy.copy_credit <= copy.prefill_work_seconds
+    reasons = [p.copy_reason for _, p in picks if p.copy_credit > 0.0]
+    assert reasons.count("young") == 1  # a second holder, not a third
+    assert made[0].registry.get_sample_value("inference_extension_prefix_copies_total", {"reason": "young"}) == 1.0
+    # Not onto caches already over half full (the copy stays, and would push other prefixes out),
+    fuller = route_document_requests(True, gap=0.025, first_gap=0.1, young_copy=True, kv_usage=0.6)
+    assert fuller[2][0] == holder and all(p.copy_reason != "young" for _, p in fuller)
+    # nor with it off: the second request goes to the holder.
+    off = route_document_requests(True, gap=0.025, first_gap=0.1)
+    assert off[2][0] == holder and all(p.copy_reason != "young" for _, p in off)
+
+
+def test_a_young_prefix_is_copied_early_only_onto_an_idle_pod_for_a_long_prefix() -> None:
+    """`_early_copy`'s conditions, one at a time: prefill queued on the candidate, a prefix
+    shorter than `_YOUNG_COPY_TOKENS`, an eviction there, or a cache it would leave half full."""
+    store = pool()
+    ep = store.endpoints()[1]
+    match = PrefixMatch(total=200, block_size_tokens=16, matched={store.endpoints()[0].address: 200})
+
+    def prediction(own: int, queued: float = 0.0, prompt: int = 3_300) -> Prediction:
+        return Prediction(ttft=0.1, cost=0.1, queued_prefill=queued, own_prefill=own, cached_tokens=prompt - own,
+                          prompt_tokens=prompt, output_tokens=200, prefill_seconds=0.1, wait_seconds=0.0, itl=0.01)
+
+    best = prediction(100)
+    assert _early_copy(ep, prediction(3_300), best, match)
+    assert not _early_copy(ep, prediction(3_300, queued=10.0), best, match)
+    assert not _early_copy(ep, prediction(2_000), best, match)  # 1,900 tokens of prefix: short
+    match.evicted_tokens[ep.address] = 1_000
+    assert not _early_copy(ep, prediction(3_300), best, match)
+    match.evicted_tokens.clear()
+    big = 200_000  # of the pod's 320,000 tokens: past half with it
+    assert not _early_copy(ep, prediction(big, prompt=big), prediction(big - 3_200, prompt=big), match)
 
 
 def test_no_copy_goes_where_the_kv_has_no_room_for_it() -> None:

@@ -107,6 +107,10 @@ Parameters (all optional):
   it repeats at the load the candidate's queue shows (`_charge_copies`), so the documents of a
   cold start are computed once, where they were first sent, not again wherever the first
   holders' queues look long.
+- `youngCopyCredit` (true): in a long prefix's first seconds of reuse, while one pod holds it,
+  value a second copy on an idle candidate whose cache stays under half full with it as a hit
+  (`_credit_copies`' fourth case), so each document of a pool with room starts on two pods and
+  its requests take the less busy of them.
 - `tailWeight` (1.0; 0: off) and `tailQuantile` (0.9): charge each candidate `tailWeight` × the
   seconds its TTFT would run beyond the pool's running `tailQuantile` of observed first tokens,
   and its externality `tailWeight` × the share of the pod's recent first tokens beyond it
@@ -164,6 +168,11 @@ _SATURATED = _MAX_UTILIZATION / (1.0 - _MAX_UTILIZATION)
 # (`_kv_filling_charge`): a scrape's queue comes and goes, a cache's fill lasts.
 _KV_PRESSURE_SECONDS = 10.0
 _BUSY_CAP = 1.0 / (1.0 - _MAX_UTILIZATION)  # the busy factor 1 / (1 - u) at the cap
+# A young prefix's second copy (`_early_copy`): only of a prefix this long (shorter ones cost a
+# fraction of a step, and the busy holders' rule copies them as soon as it pays), and only onto a
+# cache that stays under this share full with it.
+_YOUNG_COPY_TOKENS = 2048
+_YOUNG_COPY_KV = 0.5
 
 
 class PredictedLatencyProducer(DataProducer):
@@ -173,8 +182,8 @@ class PredictedLatencyProducer(DataProducer):
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
                  saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
                  eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True,
-                 kv_time_charge: bool = True, kv_filling_charge: bool = True, tail_weight: float = 1.0,
-                 tail_quantile: float = 0.9) -> None:
+                 kv_time_charge: bool = True, kv_filling_charge: bool = True, young_copy_credit: bool = True,
+                 tail_weight: float = 1.0, tail_quantile: float = 0.9) -> None:
         super().__init__(name)
         self.datastore = datastore
         self.prior = prior or StepCosts()
@@ -195,6 +204,7 @@ class PredictedLatencyProducer(DataProducer):
         self.young_prefix_charge = young_prefix_charge
         self.kv_time_charge = kv_time_charge
         self.kv_filling_charge = kv_filling_charge
+        self.young_copy_credit = young_copy_credit
         self._kv_full_at = -math.inf  # when a candidate was last full with a queue (`_kv_filling_charge`)
         self.tail_weight = tail_weight
         datastore.ttft_tail.quantile = tail_quantile
@@ -229,6 +239,7 @@ class PredictedLatencyProducer(DataProducer):
         young_prefix_charge = params.bool("youngPrefixCharge", True)
         kv_time_charge = params.bool("kvTimeCharge", True)
         kv_filling_charge = params.bool("kvFillingCharge", True)
+        young_copy_credit = params.bool("youngCopyCredit", True)
         tail_weight = params.float("tailWeight", 1.0, min=0.0, max=100.0)
         tail_quantile = params.float("tailQuantile", 0.9, min=0.5, max=0.999)
         params.done()
@@ -236,7 +247,8 @@ class PredictedLatencyProducer(DataProducer):
                    copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
                    kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge,
                    young_prefix_charge=young_prefix_charge, kv_time_charge=kv_time_charge,
-                   kv_filling_charge=kv_filling_charge, tail_weight=tail_weight, tail_quantile=tail_quantile)
+                   kv_filling_charge=kv_filling_charge, young_copy_credit=young_copy_credit,
+                   tail_weight=tail_weight, tail_quantile=tail_quantile)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """Every pod starts from this producer's prior (a pod keeps what it learned while it lives)."""
@@ -369,6 +381,21 @@ class PredictedLatencyProducer(DataProducer):
         the copy ranks as a hit would, as a faster pod's does. Only while the pool has `room` (no
         candidate full with a queue): a second copy is prefill spent for shorter tails, which an
         overloaded pool has none of (the mixed pools' B2B overload, p99 1.46x without this).
+
+        The fourth case is that second copy made early (`youngCopyCredit`, `_early_copy`): in the
+        prefix's first seconds of reuse (`PrefixRates.young`), on an idle candidate whose cache
+        has room for it, it ranks as a hit would. The average excess above needs the prefix's
+        history, and by then the copy costs one request a whole cold prefill; in its first
+        seconds the prefix's first request is often still being prefilled on the holder, which
+        the second would wait for anyway, and a copy made then stays for as long as the caches
+        have room. Waiting for the excess, each document of `long-context` stayed on one pod (1.2
+        holders per request against the greedy oracle's 3.2, which copies a document whenever its
+        first prefill is unfinished), and requests arriving together for a document queued
+        behind each other: TTFT p99 79 ms against the oracle's 60 (16 pods, seed 3; 59 so,
+        BENCHMARKS.md round 36). Onto idle pods with room only, so an overloaded pool's cold
+        start (every pod busy computing its documents) makes none; not for short prefixes (a
+        system prompt of a few hundred tokens), whose early copies only moved the engine-mix
+        pool's head-of-line traffic (p90 1.20x).
         """
         held, best = _holders(endpoints, found, match.matched, depth)
         if best is None:
@@ -382,6 +409,7 @@ class PredictedLatencyProducer(DataProducer):
         holders = sum(held)
         per_copy = rate / (holders + 1)
         sole = holders == 1
+        young = sole and room and self.young_copy_credit and self._prefix_rates.young(key, now)
         persistent = self._prefix_rates.excess(key) if sole and room else 0.0  # the sole holder's, on average
         excess = 0.0  # this request's sample of it: over the best candidate with room
         suffix, cached = best.own_prefill, best.cached_tokens
@@ -417,9 +445,10 @@ class PredictedLatencyProducer(DataProducer):
             gain = best.cost - (p.cost - premium)
             excess = max(excess, gain)
             faster = speedup > 0.0 and speedup * rate * _RATE_WINDOW >= premium
-            if faster or (sole and min(gain, persistent) * per_copy * _RATE_WINDOW >= premium):
+            early = young and _early_copy(ep, p, best, match)
+            if faster or early or (sole and min(gain, persistent) * per_copy * _RATE_WINDOW >= premium):
                 u_prefill = min(_MAX_UTILIZATION, ep.load.prefill_utilization_at(now))
-                credit, reason = premium / (1.0 - u_prefill), "faster" if faster else "choice"
+                credit, reason = premium / (1.0 - u_prefill), "faster" if faster else "young" if early else "choice"
             else:
                 if gain <= 0.0:
                     continue
@@ -1078,6 +1107,17 @@ def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[s
     if not holders or len(holders) == len(found):
         return held, None
     return held, min(holders, key=lambda p: p.cost)
+
+
+def _early_copy(ep: Endpoint, p: Prediction, best: Prediction, match: PrefixMatch) -> bool:
+    """Whether candidate `ep` (prediction `p`) takes a young prefix's second copy early
+    (`_credit_copies`' fourth case): nothing queued to prefill there, a prefix of at least
+    `_YOUNG_COPY_TOKENS` (what the copy computes that the best holder, `best`, does not), nothing
+    evicted for it, and its cache under `_YOUNG_COPY_KV` full with this prompt and output."""
+    capacity = ep.metrics.kv_capacity_tokens
+    return (p.queued_prefill <= 0 and p.own_prefill - best.own_prefill >= _YOUNG_COPY_TOKENS
+            and not match.evicted_tokens.get(ep.address, 0) and capacity > 0
+            and _kv_utilization(ep) + (p.prompt_tokens + p.output_tokens) / capacity < _YOUNG_COPY_KV)
 
 
 def _charge_drain(found: list[Prediction]) -> None:
