@@ -15,9 +15,9 @@ ledger hold?
   short of copies); `reason="choice"`: a second copy of a reused prefix held by one pod that is
   busier than the others on average (rising with new prefixes; steadily, prefixes keep being
   evicted down to one copy); `reason="young"`: the same second copy made in a long prefix's first
-  seconds of reuse, onto an idle pod with room (rising as new documents arrive); `reason="faster"`: a reused prefix moving from slower pods to a
-  faster one (a pool mixing GPU types; steadily rising, prefixes keep landing on the slow pods
-  first).
+  seconds of reuse, onto an idle pod with room (rising as new documents arrive);
+  `reason="faster"`: a reused prefix moving from slower pods to a faster one (a pool mixing GPU
+  types; steadily rising, prefixes keep landing on the slow pods first).
 - `inference_extension_saturated_pool_picks_total`: picks made while every candidate's last scrape
   showed a full KV cache and a queue — the pool past its capacity — ranked for its throughput
   (prefixes kept on the pods that still hold them). Rising: add pods, or shed load.

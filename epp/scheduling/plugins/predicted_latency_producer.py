@@ -51,10 +51,10 @@ recompute of its next request (`_charge_evictions`). On a pod whose KV cache is 
 queue, a request's new blocks (its uncached prompt and its output), for as long as it holds them,
 hold up the requests queued there (`_kv_time_charge`); short of full, while the pool's caches
 bind, a prompt the pod does not hold brings them to a cache whose queue grows as it fills
-(`_kv_filling_charge`). A request that must wait for a batch slot is charged what it adds, holding one for its decode, to the waits of the requests sent there
-meanwhile (`_slot_charge`). A copy of a prefix in its first seconds of reuse, while its holder is
-likely still computing it, is charged the prefill it repeats at the load the candidate's queue
-shows (`_charge_copies`). Every candidate is charged for the TTFT tail: the seconds it would
+(`_kv_filling_charge`). A request that must wait for a batch slot is charged what it adds,
+holding one for its decode, to the waits of the requests sent there meanwhile (`_slot_charge`).
+A copy of a prefix in its first seconds of reuse, while its holder is likely still computing it,
+is charged the prefill it repeats at the load the candidate's queue shows (`_charge_copies`). Every candidate is charged for the TTFT tail: the seconds it would
 spend beyond the pool's running p90 of first tokens, and its externality again by the share of
 the pod's requests lately in that tail (`_charge_tail`).
 The pods' recent pick and work rates are read corrected for the history they cover, so a warming
