@@ -738,7 +738,7 @@ def test_a_long_prefix_gets_a_second_copy_in_its_first_seconds_onto_an_idle_pod_
 
 def test_a_young_prefix_is_copied_early_only_onto_an_idle_pod_for_a_long_prefix() -> None:
     """`_early_copy`'s conditions, one at a time: prefill queued on the candidate, a prefix
-    shorter than `_YOUNG_COPY_TOKENS`, an eviction there, or a cache it would leave half full."""
+    shorter than `_LONG_PREFIX_TOKENS`, an eviction there, or a cache it would leave half full."""
     store = pool()
     ep = store.endpoints()[1]
     match = PrefixMatch(total=200, block_size_tokens=16, matched={store.endpoints()[0].address: 200})
@@ -1326,50 +1326,81 @@ def test_a_pod_whose_requests_stall_is_predicted_as_late_as_they_are() -> None:
     assert max(others) < 1.0
 
 
+def document_questions(holder_scales: tuple[float, float], gap: float, prefill_utilization: float = 0.0,
+                       fast_holder_queue: int | None = None, held_blocks: int = 375) -> list[Prediction]:
+    """Six questions over one document (7,200-token prompts), `gap` seconds apart, on an idle pool
+    whose first pod (step and prefill scales `holder_scales`) holds the document's first
+    `held_blocks` blocks; with `fast_holder_queue`, the second pod (full speed) holds them too,
+    with that many prefill tokens queued. The last question's predictions, copies credited."""
+    store = pool()
+    producer = PredictedLatencyProducer(datastore=store)
+    endpoints = list(store.endpoints())
+    holder = endpoints[0]
+    holder.service.step_scale, holder.service.prefill_scale = holder_scales
+    matched = {holder.address: held_blocks}
+    others = endpoints[1:]
+    if fast_holder_queue is not None:
+        matched[endpoints[1].address] = held_blocks
+        if fast_holder_queue:
+            queue_prefill(store, 1, fast_holder_queue)
+        others = endpoints[2:]
+    match = PrefixMatch(total=450, block_size_tokens=16, matched=matched, hashes=list(range(450)))
+    stats = store.models.get("m")
+    found: list[Prediction] = []
+    for i in range(6):
+        now = 100.0 + gap * i
+        for ep in others:
+            load = ep.load  # (a pod's work includes its prefill)
+            load.work_rate = load.prefill_rate = prefill_utilization
+            load.rates_at, load.rates_since = now, 0.0
+        found = producer.predict_all(endpoints, match, 7_200, 100, now, stats)
+        credit_copies(producer, endpoints, found, match, now)
+    return found
+
+
 def test_a_prefix_held_only_by_a_slower_pod_is_copied_to_a_faster_one() -> None:
     """In a pool that mixes GPU types, documents placed before the EPP learned which pods are
     slower stay there: for each request alone a hit on the slow pod beats a cold copy elsewhere.
     A copy on a clearly faster pod that pays its premium back within one window of the prefix's
     requests is credited in full (it ranks as a hit would); the same pods at one speed give no
     such credit, and neither does a prefix reused too rarely to pay it back."""
-    def credits(holder_scales: tuple[float, float], gap: float, prefill_utilization: float = 0.0) -> list[Prediction]:
-        store = pool()
-        producer = PredictedLatencyProducer(datastore=store)
-        endpoints = list(store.endpoints())
-        holder = endpoints[0]
-        holder.service.step_scale, holder.service.prefill_scale = holder_scales
-        match = PrefixMatch(total=450, block_size_tokens=16, matched={holder.address: 375}, hashes=list(range(450)))
-        stats = store.models.get("m")
-        found: list[Prediction] = []
-        for i in range(6):  # the document's questions, `gap` seconds apart, on an idle pool
-            now = 100.0 + gap * i
-            for ep in endpoints[1:]:
-                load = ep.load  # (a pod's work includes its prefill)
-                load.work_rate = load.prefill_rate = prefill_utilization
-                load.rates_at, load.rates_since = now, 0.0
-            found = producer.predict_all(endpoints, match, 7_200, 100, now, stats)
-            credit_copies(producer, endpoints, found, match, now)
-        return found
-
-    slow = credits((1.6, 2.5), gap=1.0)  # an A100 beside H100s, a question a second
+    slow = document_questions((1.6, 2.5), gap=1.0)  # an A100 beside H100s, a question a second
     premium = slow[1].prefill_work_seconds - PredictedLatencyProducer._own_prefill_seconds(
         pool().endpoints()[1], slow[0].own_prefill, slow[0].cached_tokens)
     assert slow[0].copy_credit == 0.0  # the holder is never credited
     assert all(p.copy_credit == pytest.approx(premium) and p.copy_reason == "faster" for p in slow[1:])
     assert min(slow, key=lambda p: p.cost) is not slow[0]  # the next question makes the copy
-    level = credits((1.0, 1.0), gap=1.0)  # one speed: the holder's hit wins, nothing is credited
+    level = document_questions((1.0, 1.0), gap=1.0)  # one speed: the holder's hit wins, nothing is credited
     assert all(p.copy_credit == 0.0 for p in level)
     assert min(level, key=lambda p: p.cost) is level[0]
-    rare = credits((1.6, 2.5), gap=60.0)  # a question a minute: the copy would not pay back
+    rare = document_questions((1.6, 2.5), gap=60.0)  # a question a minute: the copy would not pay back
     assert all(p.copy_credit < 0.5 * premium for p in rare[1:])
     assert min(rare, key=lambda p: p.cost) is rare[0]
     # A hit would not hold up the prefills queued behind it either: on a pod whose prefill is
     # busy, the credit also covers the wait the premium's prefill adds to them.
     # With the premium alone the idle slow holder kept winning there, however fast the others.
-    busy = credits((1.6, 2.5), gap=1.0, prefill_utilization=0.5)
+    busy = document_questions((1.6, 2.5), gap=1.0, prefill_utilization=0.5)
     assert all(p.copy_reason == "faster" and p.copy_credit == pytest.approx(2.0 * premium, rel=1e-3) for p in busy[1:])
     assert min(busy, key=lambda p: p.cost) is not busy[0]
 
+
+def test_a_document_whose_fast_holder_is_busy_gets_a_second_fast_copy_not_the_slow_holder() -> None:
+    """A document with one copy on a fast pod and one on a slow pod: while the fast holder is the
+    busier, its requests would take the slow one, and a copy on another fast pod gains each of
+    them, so it is credited as `faster` (it ranks as a hit would). Not while the fast holder is the
+    cheapest holder, and not for a short prefix (a system prompt), whose copy is balanced as
+    any other prefill."""
+    def cheapest(found: list[Prediction]) -> int:
+        return min(range(len(found)), key=lambda i: found[i].cost)
+
+    spilled = document_questions((1.6, 2.5), gap=1.0, fast_holder_queue=20_000)
+    assert spilled[1].cost > spilled[0].cost  # the slow holder is the one the request would take
+    assert all(p.copy_reason == "faster" and p.copy_credit > 0.0 for p in spilled[2:])
+    assert cheapest(spilled) >= 2  # so the next question makes the second fast copy
+    idle = document_questions((1.6, 2.5), gap=1.0, fast_holder_queue=0)
+    assert all(p.copy_credit == 0.0 for p in idle) and cheapest(idle) == 1  # the fast holder's hit
+    short = document_questions((1.6, 2.5), gap=1.0, fast_holder_queue=20_000, held_blocks=60)
+    assert all(p.copy_reason != "faster" for p in short)
 
 
 def test_a_prefix_the_pod_will_compute_again_lengthens_the_prediction_not_the_ranking() -> None:

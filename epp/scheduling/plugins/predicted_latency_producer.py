@@ -168,11 +168,13 @@ _SATURATED = _MAX_UTILIZATION / (1.0 - _MAX_UTILIZATION)
 # (`_kv_filling_charge`): a scrape's queue comes and goes, a cache's fill lasts.
 _KV_PRESSURE_SECONDS = 10.0
 _BUSY_CAP = 1.0 / (1.0 - _MAX_UTILIZATION)  # the busy factor 1 / (1 - u) at the cap
-# A young prefix's second copy (`_early_copy`): only of a prefix this long (shorter ones cost a
-# fraction of a step, and the busy holders' rule copies them as soon as it pays), and only onto a
-# cache that stays under this share full with it.
-_YOUNG_COPY_TOKENS = 2048
-_YOUNG_COPY_KV = 0.5
+# A prefix this long (a document, not a system prompt) is placed, not balanced: a copy of it costs
+# a whole prefill, so where it lives decides what each later request of it costs. Its young second
+# copy (`_early_copy`) and its copy past a slower holder that takes its requests (`_credit_copies`)
+# are made for such prefixes only; shorter ones cost a fraction of a step, and the busy holders'
+# rule copies them as soon as it pays.
+_LONG_PREFIX_TOKENS = 2048
+_YOUNG_COPY_KV = 0.5  # a young prefix's early copy only onto a cache that stays under this share full
 
 
 class PredictedLatencyProducer(DataProducer):
@@ -368,7 +370,17 @@ class PredictedLatencyProducer(DataProducer):
         later request of the prefix. In a pool that mixes GPU types, a document placed on a slow
         pod before the EPP had learned its speed otherwise stays there for good (BENCHMARKS.md).
         Such a copy ranks as a hit would: credited its premium and the wait that premium's prefill
-        adds to the prefills queued behind it.
+        adds to the prefills queued behind it. For a long prefix (`_LONG_PREFIX_TOKENS`) the
+        holder to beat is the one this request would take, not the fastest: a document with one
+        copy on a fast pod and one on a slow pod sends its requests to the slow one whenever the
+        fast one is the busier, and a second fast copy gains each of those. On 50 H100 + 50 A100
+        pods of the B2B shape, the documents placed on A100s in the first second (before any
+        speed was learned) kept one fast copy each and spilled onto the slow one: 7% of requests
+        on A100s at TTFT p50 98 ms against 55 on the H100s, p90 85-89 ms over four seeds against
+        the greedy oracle's 77-79 (it places none there); 78-80 so (BENCHMARKS.md round 37). Not
+        for a short prefix: a copy of a system prompt pays back on any hot prefix, and crediting
+        it past a busy fast holder overrode the balance between GPU types (the multi-tenant mix
+        at 1.3x the rate on 8 H100 + 8 A100, TTFT p90 +5-15% over four seeds).
 
         A prefix on a single pod is the third case: its requests have no choice, so they wait for
         whatever else that pod is doing. A second copy lets each later request take the less busy
@@ -413,8 +425,13 @@ class PredictedLatencyProducer(DataProducer):
         persistent = self._prefix_rates.excess(key) if sole and room else 0.0  # the sole holder's, on average
         excess = 0.0  # this request's sample of it: over the best candidate with room
         suffix, cached = best.own_prefill, best.cached_tokens
-        fastest = min(self._idle_steps_seconds(ep, suffix) + self._own_prefill_seconds(ep, suffix, cached)
-                      for ep, has in zip(endpoints, held) if has)
+        # The holder speed a copy must beat: the fastest holder's; for a long prefix, that of the
+        # holder this request would take (the docstring's second case).
+        if cached >= _LONG_PREFIX_TOKENS:
+            taken = next(ep for ep, p in zip(endpoints, found) if p is best)
+            fastest = self._idle_hit_seconds(taken, suffix, cached)
+        else:
+            fastest = min(self._idle_hit_seconds(ep, suffix, cached) for ep, has in zip(endpoints, held) if has)
         for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
@@ -440,7 +457,7 @@ class PredictedLatencyProducer(DataProducer):
             # Differences within the fit's noise are not speed. A second copy of a prefix on one
             # pod is credited so too, once its holder's excess on average pays the premium back
             # over the requests the copy would take (the docstring's third case).
-            hit = self._idle_steps_seconds(ep, suffix) + warm
+            hit = self._idle_steps_seconds(ep, suffix) + warm  # (`_idle_hit_seconds`, its `warm` reused)
             speedup = fastest - hit * (1.0 + _SPEED_MARGIN)
             gain = best.cost - (p.cost - premium)
             excess = max(excess, gain)
@@ -552,6 +569,11 @@ class PredictedLatencyProducer(DataProducer):
         `_own_prefill_seconds`, a prefix hit's time to first token there, its speed."""
         service = ep.service
         return service.step_scale * service.prior.overhead * max(1, math.ceil(own / service.prior.max_batched_tokens))
+
+    @classmethod
+    def _idle_hit_seconds(cls, ep: Endpoint, own: int, cached: int) -> float:
+        """A prefix hit's time to first token on idle `ep` (`own` tokens after `cached` ones): its speed."""
+        return cls._idle_steps_seconds(ep, own) + cls._own_prefill_seconds(ep, own, cached)
 
     @staticmethod
     def _own_prefill_seconds(ep: Endpoint, own: int, cached: int) -> float:
@@ -1112,10 +1134,10 @@ def _holders(endpoints: list[Endpoint], found: list[Prediction], matched: dict[s
 def _early_copy(ep: Endpoint, p: Prediction, best: Prediction, match: PrefixMatch) -> bool:
     """Whether candidate `ep` (prediction `p`) takes a young prefix's second copy early
     (`_credit_copies`' fourth case): nothing queued to prefill there, a prefix of at least
-    `_YOUNG_COPY_TOKENS` (what the copy computes that the best holder, `best`, does not), nothing
+    `_LONG_PREFIX_TOKENS` (what the copy computes that the best holder, `best`, does not), nothing
     evicted for it, and its cache under `_YOUNG_COPY_KV` full with this prompt and output."""
     capacity = ep.metrics.kv_capacity_tokens
-    return (p.queued_prefill <= 0 and p.own_prefill - best.own_prefill >= _YOUNG_COPY_TOKENS
+    return (p.queued_prefill <= 0 and p.own_prefill - best.own_prefill >= _LONG_PREFIX_TOKENS
             and not match.evicted_tokens.get(ep.address, 0) and capacity > 0
             and _kv_utilization(ep) + (p.prompt_tokens + p.output_tokens) / capacity < _YOUNG_COPY_KV)
 
