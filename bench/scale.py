@@ -2,6 +2,7 @@
 policy, on every shipped workload, at 16 and 100 pods and on a pool that mixes GPU types.
 
     python -m bench.scale [--quick] [--pools 16,100,8:h100+8:a100] [--workloads a,b] [--seed N] [--jobs 2] [--out DIR]
+    python -m bench.scale --pools 50:h100+50:a100 --report scale-100-pods-mixed.md
 
 Writes `scale.md` under the output directory (default bench/results); progress on stderr. For
 every pool and workload the same requests, seed and pods go through:
@@ -55,6 +56,17 @@ POOLS = {"16": Pool("16", None, None), "100": Pool("100", 20.0, 8.0),
          "8:h100+8:a100": Pool("8:h100,8:a100", None, None)}
 QUICK_POOLS = {"8": Pool("8", 20.0, 5.0)}
 TINY_POOLS = {"2": Pool("2", 3.0, 0.5)}  # the test suite's smoke run
+
+
+def named_pool(name: str) -> Pool:
+    """A `--pools` entry: one of `POOLS`, or a count or groups ("50:h100+50:a100"); a pool of 100
+    pods or more runs as long as the 100-pod one (20 s of arrivals: its simulations are the slow ones)."""
+    if name in POOLS:
+        return POOLS[name]
+    spec = name.replace("+", ",")
+    pods = sum(int(group.split(":")[0]) for group in spec.split(","))
+    large = POOLS["100"]
+    return Pool(spec, large.duration, large.warmup) if pods >= 100 else Pool(spec, None, None)
 
 
 def sized(workload: Workload, pool: Pool) -> Workload:
@@ -134,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pools = TINY_POOLS if args.tiny else QUICK_POOLS if args.quick else POOLS
     if args.pools:
-        base = TINY_POOLS["2"] if args.tiny else Pool("", None, None)
-        pools = {name: POOLS.get(name) or Pool(name.replace("+", ","), base.duration, base.warmup)
+        tiny = TINY_POOLS["2"]
+        pools = {name: Pool(name.replace("+", ","), tiny.duration, tiny.warmup) if args.tiny else named_pool(name)
                  for name in args.pools.split(",")}
     workloads = args.workloads.split(",") if args.workloads else list(WORKLOADS)
 

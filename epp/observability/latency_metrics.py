@@ -16,7 +16,8 @@ ledger hold?
   busier than the others on average (rising with new prefixes; steadily, prefixes keep being
   evicted down to one copy); `reason="young"`: the same second copy made in a long prefix's first
   seconds of reuse, onto an idle pod with room (rising as new documents arrive);
-  `reason="faster"`: a reused prefix moving from slower pods to a faster one (a pool mixing GPU
+  `reason="faster"`: a reused prefix moving from slower pods to a faster one, or a long one
+  getting another fast copy while its requests spill onto a slower holder (a pool mixing GPU
   types; steadily rising, prefixes keep landing on the slow pods first).
 - `inference_extension_saturated_pool_picks_total`: picks made while every candidate's last scrape
   showed a full KV cache and a queue — the pool past its capacity — ranked for its throughput
@@ -142,7 +143,8 @@ class LatencyMetrics:
                               "the copy saves the prefix's next requests, by reason: busy (its holders' "
                               "queue), choice (a second holder for a prefix on one busier endpoint), young (a "
                               "second holder made in a long prefix's first seconds), faster "
-                              "(an endpoint faster than every holder).", ["reason"],
+                              "(an endpoint faster than every holder, or for a long prefix than the holder "
+                              "the request would take).", ["reason"],
                               registry=registry)
         self.copy_credit = Counter("inference_extension_prefix_copy_credit_seconds",
                                    "Seconds of copy credit given to the picks that copied a reused prefix.",
