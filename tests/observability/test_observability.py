@@ -18,6 +18,10 @@ from tests.conftest import channel_to, running_picker
 from tests.extproc.client import ExtProcClient, body_msg, headers_msg, request_headers, set_headers
 
 FAST = SimConfig(time_scale=0.05, engine=EngineConfig(max_num_seqs=8, num_gpu_blocks=4096))
+# Steps at real speed (tens of ms a response): an observer stream whose first message the EPP reads
+# only after the picking stream ended finds its request released and reports nothing
+# (`epp.extproc.observer`); with responses of a few ms, a loaded machine reordered the two.
+REAL_SPEED = SimConfig(time_scale=1.0, engine=FAST.engine)
 
 
 def families(text: str) -> dict[str, object]:
@@ -26,7 +30,7 @@ def families(text: str) -> dict[str, object]:
 
 @pytest.mark.e2e
 async def test_metrics_after_traffic_through_envoy() -> None:
-    async with LocalStack(StackConfig(pods=2, sim=FAST, debug_decision_header=True)) as stack:
+    async with LocalStack(StackConfig(pods=2, sim=REAL_SPEED, debug_decision_header=True)) as stack:
         assert stack.picker is not None
         async with aiohttp.ClientSession() as session:
             for i in range(6):
