@@ -376,7 +376,7 @@ class PredictedLatencyProducer(DataProducer):
         fast one is the busier, and a second fast copy gains each of those. On 50 H100 + 50 A100
         pods of the B2B shape, the documents placed on A100s in the first second (before any
         speed was learned) kept one fast copy each and spilled onto the slow one: 7% of requests
-        on A100s at TTFT p50 98 ms against 55 on the H100s, p90 85-89 ms over four seeds against
+        on A100s at TTFT p50 98 ms against 55 on the H100s, p90 84-89 ms over four seeds against
         the greedy oracle's 77-79 (it places none there); 78-80 so (BENCHMARKS.md round 37). Not
         for a short prefix: a copy of a system prompt pays back on any hot prefix, and crediting
         it past a busy fast holder overrode the balance between GPU types (the multi-tenant mix
@@ -429,9 +429,9 @@ class PredictedLatencyProducer(DataProducer):
         # holder this request would take (the docstring's second case).
         if cached >= _LONG_PREFIX_TOKENS:
             taken = next(ep for ep, p in zip(endpoints, found) if p is best)
-            fastest = self._idle_hit_seconds(taken, suffix, cached)
+            to_beat = self._idle_hit_seconds(taken, suffix, cached)
         else:
-            fastest = min(self._idle_hit_seconds(ep, suffix, cached) for ep, has in zip(endpoints, held) if has)
+            to_beat = min(self._idle_hit_seconds(ep, suffix, cached) for ep, has in zip(endpoints, held) if has)
         for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
@@ -458,7 +458,7 @@ class PredictedLatencyProducer(DataProducer):
             # pod is credited so too, once its holder's excess on average pays the premium back
             # over the requests the copy would take (the docstring's third case).
             hit = self._idle_steps_seconds(ep, suffix) + warm  # (`_idle_hit_seconds`, its `warm` reused)
-            speedup = fastest - hit * (1.0 + _SPEED_MARGIN)
+            speedup = to_beat - hit * (1.0 + _SPEED_MARGIN)
             gain = best.cost - (p.cost - premium)
             excess = max(excess, gain)
             faster = speedup > 0.0 and speedup * rate * _RATE_WINDOW >= premium
