@@ -40,8 +40,8 @@ class RequestMetricsSink(Protocol):
 
     def prefix_copied(self, request: InferenceRequest, credit_seconds: float, reason: str) -> None:
         """The pick copies a reused prefix to a pod without it, credited `credit_seconds` for
-        what the copy saves the prefix's next requests; `reason` is `busy` (its holders' queue) or
-        `faster` (a pod faster than every holder)."""
+        what the copy saves the prefix's next requests; `reason` is `busy` (its holders' queue),
+        `choice` / `young` (a second holder) or `faster` (a pod faster than the holders)."""
 
     def saturated_pick(self, request: InferenceRequest) -> None:
         """The pick was ranked on a saturated pool (every candidate's KV cache full with a queue):
