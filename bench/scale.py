@@ -3,8 +3,13 @@ policy, on every shipped workload, at 16 and 100 pods and on a pool that mixes G
 
     python -m bench.scale [--quick] [--pools 16,100,8:h100+8:a100] [--workloads a,b] [--seed N] [--jobs 2] [--out DIR]
     python -m bench.scale --pools 50:h100+50:a100 --report scale-100-pods-mixed.md
+    python -m bench.scale --pools 50:h100+50:a100 --workloads head-of-line --duration 50 \
+        --report scale-100-pods-mixed-hol-50s.md
 
-Writes `scale.md` under the output directory (default bench/results); progress on stderr. For
+Writes `scale.md` under the output directory (default bench/results); progress on stderr.
+`--duration` runs every pool for that many seconds of arrivals (default: the workload's, 20 s at
+100 pods or more, whose simulations are the slow ones): a choice whose cost comes late (long
+generations filling a KV cache over a minute) shows only over a long enough run. For
 every pool and workload the same requests, seed and pods go through:
 
 - `epp`: the EPP's built-in default (`predicted-latency`: a predicted time to first token plus what
@@ -143,12 +148,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--report", default="", help="the report's file name under --out (default: scale.md, "
                                                        "scale-quick.md with --quick)")
+    parser.add_argument("--duration", type=float, default=0.0,
+                        help="seconds of arrivals on every pool (default: the workload's; 20 at 100 pods or more)")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds left out of the figures, with --duration")
     args = parser.parse_args(argv)
+    if args.duration and not 0.0 <= args.warmup < args.duration:
+        parser.error(f"--warmup must be at least 0 and below --duration ({args.duration:g} s)")
     pools = TINY_POOLS if args.tiny else QUICK_POOLS if args.quick else POOLS
     if args.pools:
         tiny = TINY_POOLS["2"]
         pools = {name: Pool(name.replace("+", ","), tiny.duration, tiny.warmup) if args.tiny else named_pool(name)
                  for name in args.pools.split(",")}
+    if args.duration:
+        pools = {name: Pool(pool.spec, args.duration, args.warmup) for name, pool in pools.items()}
     workloads = args.workloads.split(",") if args.workloads else list(WORKLOADS)
 
     tasks = []
@@ -163,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "".join([" --quick" if args.quick else "", f" --pools {args.pools}" if args.pools else "",
                        f" --workloads {args.workloads}" if args.workloads else "",
                        f" --seed {args.seed}" if args.seed != 1 else "",
+                       f" --duration {args.duration:g} --warmup {args.warmup:g}" if args.duration else "",
                        f" --report {args.report}" if args.report else ""])
     lines = [
         "# Routing quality in virtual time",

@@ -120,6 +120,19 @@ def test_scale_bench_smoke(tmp_path: Path) -> None:
         assert policy in text
 
 
+def test_scale_bench_runs_every_pool_for_the_duration_asked(tmp_path: Path) -> None:
+    """`--duration` sets the seconds of arrivals on every pool (a 100-pod pool's default is 20 s,
+    too short for a choice whose cost comes late), and the report says how it was run."""
+    from bench import scale
+
+    assert scale.main(["--pools", "2", "--workloads", "load-balancing", "--duration", "3", "--warmup", "0.5",
+                       "--jobs", "1", "--out", str(tmp_path), "--report", "long.md"]) == 0
+    text = (tmp_path / "long.md").read_text()
+    assert "--duration 3 --warmup 0.5 --report long.md" in text and "## load-balancing, 2 pods" in text
+    with pytest.raises(SystemExit):
+        scale.main(["--pools", "2", "--duration", "3", "--warmup", "3", "--out", str(tmp_path)])
+
+
 def test_precise_virtual_bench_smoke(tmp_path: Path) -> None:
     from bench import precise_virtual
 
