@@ -7,8 +7,8 @@ policy, on every shipped workload, at 16 and 100 pods and on a pool that mixes G
         --report scale-100-pods-mixed-hol-50s.md
 
 Writes `scale.md` under the output directory (default bench/results); progress on stderr.
-`--duration` runs every pool for that many seconds of arrivals (default: the workload's, 20 s at
-100 pods or more, whose simulations are the slow ones): a choice whose cost comes late (long
+`--duration` runs every pool for that many seconds of arrivals, up to the workload's own (default:
+the workload's, 20 s at 100 pods or more, whose simulations are the slow ones): a choice whose cost comes late (long
 generations filling a KV cache over a minute) shows only over a long enough run. For
 every pool and workload the same requests, seed and pods go through:
 
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", default="", help="the report's file name under --out (default: scale.md, "
                                                        "scale-quick.md with --quick)")
     parser.add_argument("--duration", type=float, default=0.0,
-                        help="seconds of arrivals on every pool (default: the workload's; 20 at 100 pods or more)")
+                        help="seconds of arrivals on every pool, up to the workload's own "
+                             "(default: the workload's; 20 at 100 pods or more)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds left out of the figures, with --duration")
     args = parser.parse_args(argv)
     if args.duration and not 0.0 <= args.warmup < args.duration:
