@@ -7,10 +7,10 @@ policy, on every shipped workload, at 16 and 100 pods and on a pool that mixes G
         --report scale-100-pods-mixed-hol-50s.md
 
 Writes `scale.md` under the output directory (default bench/results); progress on stderr.
-`--duration` runs every pool for that many seconds of arrivals, up to the workload's own (default:
-the workload's, 20 s at 100 pods or more, whose simulations are the slow ones): a choice whose cost comes late (long
-generations filling a KV cache over a minute) shows only over a long enough run. For
-every pool and workload the same requests, seed and pods go through:
+`--duration` runs every pool for that many seconds of arrivals, up to the workload's own
+(default: the workload's, 20 s at 100 pods or more, whose simulations are the slow ones): a
+choice whose cost comes late (long generations filling a KV cache over a minute) shows only over
+a long enough run. For every pool and workload the same requests, seed and pods go through:
 
 - `epp`: the EPP's built-in default (`predicted-latency`: a predicted time to first token plus what
   the pick costs the pod's later requests, in seconds);
