@@ -736,6 +736,33 @@ def test_a_long_prefix_gets_a_second_copy_in_its_first_seconds_onto_an_idle_pod_
     assert off[2][0] == holder and all(p.copy_reason != "young" for _, p in off)
 
 
+def test_a_young_prefix_gets_more_copies_while_its_holder_is_still_computing_it() -> None:
+    """Requests for a new document arriving together: while the best holder still has a long
+    prefix's worth of prefill queued (its first computation of the document), a request would
+    wait that out there, so an idle pod with room takes a third copy, and more, as a hit would
+    (`young`). Spaced out, the holder is done by the third request: a second holder, not a third
+    (the test above)."""
+    made: list[EppMetrics] = []
+
+    def metrics(store: Datastore) -> EppMetrics:
+        made.append(EppMetrics(store))
+        return made[-1]
+
+    results: list[object] = []
+    burst = route_document_requests(True, gap=0.005, count=8, young_copy=True, metrics=metrics, results=results)
+    young = [i for i, (_, p) in enumerate(burst) if p.copy_reason == "young"]
+    assert len(young) >= 2 and len({address for address, _ in burst}) == PODS
+    for i in young:
+        predictions = results[i].cycle.predictions  # type: ignore[attr-defined]
+        holders = [p for p in predictions.values() if p.cached_tokens > 0]
+        assert holders and min(holders, key=lambda p: p.cost).queued_prefill >= 2_048
+    assert made[0].registry.get_sample_value("inference_extension_prefix_copies_total",
+                                             {"reason": "young"}) == len(young)
+    # Without the credit the same burst copies on the holders' queue alone (`busy`), less credited.
+    off = route_document_requests(True, gap=0.005, count=8)
+    assert all(p.copy_reason != "young" for _, p in off)
+
+
 def test_a_young_prefix_is_copied_early_only_onto_an_idle_pod_for_a_long_prefix() -> None:
     """`_early_copy`'s conditions, one at a time: prefill queued on the candidate, a prefix
     shorter than `_LONG_PREFIX_TOKENS`, an eviction there, or a cache it would leave half full."""

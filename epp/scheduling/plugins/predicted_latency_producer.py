@@ -107,10 +107,10 @@ Parameters (all optional):
   it repeats at the load the candidate's queue shows (`_charge_copies`), so the documents of a
   cold start are computed once, where they were first sent, not again wherever the first
   holders' queues look long.
-- `youngCopyCredit` (true): in a long prefix's first seconds of reuse, while one pod holds it,
-  value a second copy on an idle candidate whose cache stays under half full with it as a hit
-  (`_credit_copies`' fourth case), so each document of a pool with room starts on two pods and
-  its requests take the less busy of them.
+- `youngCopyCredit` (true): in a long prefix's first seconds of reuse, while one pod holds it
+  or its best holder is still computing a long prefill, value a copy on an idle candidate whose
+  cache stays under half full with it as a hit (`_credit_copies`' fourth case), so each document
+  of a pool with room starts on two pods or more and its requests take the less busy of them.
 - `tailWeight` (1.0; 0: off) and `tailQuantile` (0.9): charge each candidate `tailWeight` × the
   seconds its TTFT would run beyond the pool's running `tailQuantile` of observed first tokens,
   and its externality `tailWeight` × the share of the pod's recent first tokens beyond it
@@ -404,7 +404,12 @@ class PredictedLatencyProducer(DataProducer):
         holders per request against the greedy oracle's 3.2, which copies a document whenever its
         first prefill is unfinished), and requests arriving together for a document queued
         behind each other: TTFT p99 79 ms against the oracle's 60 (16 pods, seed 3; 59 so,
-        BENCHMARKS.md round 36). Onto idle pods with room only, so an overloaded pool's cold
+        BENCHMARKS.md round 36). A third copy and more likewise, while the best holder still has
+        a long prefix's worth of prefill queued (`_LONG_PREFIX_TOKENS`): the request would wait
+        that out there too. With two holders at most, 100 pods of that shape had 2.8 pods holding
+        a request's document when it was picked against the oracle's 6.3 (4.7 so), and the
+        slowest tenth of requests found 13 in flight on their pod against its 11: TTFT p90 46-48
+        ms over three seeds against its 45, 43 so (BENCHMARKS.md round 39). Onto idle pods with room only, so an overloaded pool's cold
         start (every pod busy computing its documents) makes none; not for short prefixes (a
         system prompt of a few hundred tokens), whose early copies only moved the engine-mix
         pool's head-of-line traffic (p90 1.20x).
@@ -421,7 +426,10 @@ class PredictedLatencyProducer(DataProducer):
         holders = sum(held)
         per_copy = rate / (holders + 1)
         sole = holders == 1
-        young = sole and room and self.young_copy_credit and self._prefix_rates.young(key, now)
+        # An early copy of a young prefix (the docstring's fourth case): a second holder, or one
+        # more while the best holder is still computing a long prefill, which this request would wait out.
+        computing = best.queued_prefill >= _LONG_PREFIX_TOKENS
+        young = (sole or computing) and room and self.young_copy_credit and self._prefix_rates.young(key, now)
         persistent = self._prefix_rates.excess(key) if sole and room else 0.0  # the sole holder's, on average
         excess = 0.0  # this request's sample of it: over the best candidate with room
         suffix, cached = best.own_prefill, best.cached_tokens
