@@ -409,10 +409,10 @@ class PredictedLatencyProducer(DataProducer):
         that out there too. With two holders at most, 100 pods of that shape had 2.8 pods holding
         a request's document when it was picked against the oracle's 6.3 (4.7 so), and the
         slowest tenth of requests found 13 in flight on their pod against its 11: TTFT p90 46-48
-        ms over three seeds against its 45, 43 so (BENCHMARKS.md round 39). Onto idle pods with room only, so an overloaded pool's cold
-        start (every pod busy computing its documents) makes none; not for short prefixes (a
-        system prompt of a few hundred tokens), whose early copies only moved the engine-mix
-        pool's head-of-line traffic (p90 1.20x).
+        ms over three seeds against its 45, 43 so (BENCHMARKS.md round 39). Onto idle pods with
+        room only, so an overloaded pool's cold start (every pod busy computing its documents)
+        makes none; not for short prefixes (a system prompt of a few hundred tokens), whose early
+        copies only moved the engine-mix pool's head-of-line traffic (p90 1.20x).
         """
         held, best = _holders(endpoints, found, match.matched, depth)
         if best is None:
