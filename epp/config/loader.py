@@ -54,6 +54,7 @@ from typing import Any
 
 import yaml
 
+from epp.api.preparer import RequestPreparer
 from epp.config.defaults import DEFAULT_CONFIG
 from epp.config.effective import describe
 from epp.params import ConfigError, Params
@@ -664,7 +665,8 @@ class _Builder:
             used.add(id(flow_control.usage_limit))
             for band in (flow_control.default_band, *flow_control.bands.values()):
                 used.update((id(band.fairness), id(band.ordering)))
-        always = (DataProducer, PreRequest, ResponseReceived, ResponseComplete)  # called on every request
+        # Called on every request (a preparer before admission, the rest around scheduling).
+        always = (RequestPreparer, DataProducer, PreRequest, ResponseReceived, ResponseComplete)
         for plugin in self.plugins.values():
             if id(plugin) in used or isinstance(plugin, always) or plugin.name in self.injected:
                 continue
