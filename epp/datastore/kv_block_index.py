@@ -27,6 +27,12 @@ Memory is bounded: at most `max_keys` router keys summed over endpoints; past it
 engine blocks of the endpoint being written are dropped (counted as capacity evictions).
 Speculative entries (the picked endpoint, before its events arrive) live `speculative_ttl`
 seconds unless a `BlockStored` confirms them.
+
+Eviction foresight: each endpoint's engine blocks are kept least recently used first (stored, or
+used by a request the EPP sent there: `dispatched`, `released`), with the keys the requests sent
+there are expected to store; `foresee` says how much of a prefix an endpoint whose cache is full
+will still hold once those allocations have evicted its oldest blocks — the events of the step
+that evicts them arrive only after it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -96,11 +103,14 @@ def router_keys(token_ids: Sequence[int] | array, block_size: int, seed: int) ->
 class _EngineBlock:
     """One engine block on one endpoint: the router keys it completes and the chain state after it."""
 
+    hash: EngineHash
+    parent: _EngineBlock | None  # the block before it in its sequence, when known
     keys: tuple[int, ...]
     state: int  # chain state after this block (0 for an orphan)
     pending: bytes  # token bytes of an unfinished router block
     tiers: int  # TIER_* bits it is held on
     orphan: bool = False
+    seq: int = 0  # recency stamp on its endpoint (the order of `_Endpoint.blocks`)
 
 
 @dataclass(slots=True)
@@ -131,17 +141,27 @@ class IndexStats:
     speculative_added: int = 0
     speculative_confirmed: int = 0
     speculative_expired: int = 0
+    foreseen_lookups: int = 0  # lookups where an endpoint was expected to evict part of the prefix first
+    foreseen_blocks: int = 0  # router blocks not credited for that reason
     resets: dict[str, int] = field(default_factory=dict)  # reason -> endpoint resets
 
 
 class _Endpoint:
-    __slots__ = ("address", "blocks", "keys", "speculative", "non_gpu", "group", "events")
+    __slots__ = ("address", "blocks", "keys", "speculative", "expected", "non_gpu", "group", "events",
+                 "engine_block_size", "clock", "evicting")
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.blocks: dict[EngineHash, _EngineBlock] = {}  # insertion order = store order (oldest first)
-        self.keys: dict[int, int] = {}  # router key -> tier bits
+        # Least recently stored or used first: the engine's own eviction order, as far as we see it.
+        self.blocks: dict[EngineHash, _EngineBlock] = {}
+        self.keys: dict[int, _EngineBlock] = {}  # router key -> the engine block that completes it
         self.speculative: dict[int, float] = {}  # router key -> expiry (insertion order = expiry order)
+        # Router keys the requests sent here will store, not yet confirmed -> expiry: the blocks
+        # the engine will allocate before it admits the next request.
+        self.expected: dict[int, float] = {}
+        self.engine_block_size = 0  # tokens per engine block (from its events)
+        self.clock = 0  # the last recency stamp given
+        self.evicting = False  # it has evicted a GPU block since its cache was last empty
         self.non_gpu = 0  # keys held but not on the GPU tier (tier breakdown is skipped when 0)
         self.group: int | None = None  # the prefix-cache group indexed (the first one seen)
         self.events = EndpointEvents()
@@ -209,7 +229,8 @@ class KVBlockIndex:
             if ep is not None and ep.non_gpu:
                 tiers: dict[str, int] = {}
                 for key in keys[:n]:
-                    bits = ep.keys.get(key, TIER_GPU)
+                    block = ep.keys.get(key)
+                    bits = block.tiers if block is not None else TIER_GPU
                     if not bits & TIER_GPU:
                         name = TIER_NAMES.get(bits & -bits, "CPU")  # the fastest tier it is on
                         tiers[name] = tiers.get(name, 0) + 1
@@ -283,6 +304,70 @@ class KVBlockIndex:
                 if key not in ep.keys:
                     self._release(key, ep.address)
                     self.stats.speculative_expired += 1
+            expected = ep.expected
+            while expected:
+                key = next(iter(expected))
+                if expected[key] > now:
+                    break
+                del expected[key]
+
+    # -- eviction foresight: what the engine will have evicted by the time it admits a request --
+
+    def dispatched(self, address: str, keys: Sequence[int], now: float) -> None:
+        """A request with these router keys was sent to `address`. The leading blocks it holds
+        are in use until it ends (last in the eviction order); the rest are expected: the engine
+        will allocate them before it admits anything sent after, evicting its least recently
+        used blocks once its cache is full. Expected keys are confirmed by `BlockStored` or
+        forgotten after `speculative_ttl`."""
+        ep = self._endpoints.get(address)
+        if ep is None or not keys:
+            return
+        n = self._use(ep, keys)
+        expected = ep.expected
+        expiry = now + self.speculative_ttl
+        for key in keys[n:]:
+            if key in expected:
+                del expected[key]  # re-insert: keeps the dict ordered by expiry
+            expected[key] = expiry
+        self._expire(now)
+
+    def released(self, address: str, keys: Sequence[int]) -> None:
+        """A request with these router keys ended on `address`: the engine frees its blocks to
+        the newest end of its eviction order."""
+        ep = self._endpoints.get(address)
+        if ep is not None and keys:
+            self._use(ep, keys)
+
+    def foresee(self, address: str, keys: Sequence[int], n: int, capacity_tokens: int, in_use_blocks: int) -> int:
+        """Of the `n` leading `keys` `address` holds now, how many it will still hold when it
+        admits a request sent now: the blocks already expected there are allocated first, from
+        free blocks while there are any (`capacity_tokens` of KV less the blocks cached and the
+        `in_use_blocks` of running requests), then by evicting the least recently used — and an
+        engine loses a prefix from its end. Its events say so only after the step that evicts."""
+        ep = self._endpoints.get(address)
+        if ep is None or not n or not ep.expected or ep.non_gpu or ep.engine_block_size <= 0 or capacity_tokens <= 0:
+            return n
+        size = ep.engine_block_size
+        blocks = ep.blocks
+        # Blocks never used come first; once the engine has evicted, every free block is a freed
+        # one in eviction order (vLLM's one free queue), so allocations evict from the start.
+        free = 0 if ep.evicting else capacity_tokens // size - 1 - len(blocks) - in_use_blocks
+        evicted = -(-len(ep.expected) * self.block_size // size) - max(free, 0)
+        if evicted <= 0:
+            return n
+        if evicted >= len(blocks):
+            return 0
+        kept_from = next(islice(blocks.values(), evicted, None)).seq  # the oldest block not evicted
+        owners = ep.keys
+        lost = 0
+        for key in keys[:n]:
+            owner = owners.get(key)
+            if owner is not None and owner.seq < kept_from:
+                lost += 1
+        if lost:
+            self.stats.foreseen_lookups += 1
+            self.stats.foreseen_blocks += lost
+        return n - lost
 
     # -- writing (the event subscriber, or the simulator in-process) --
 
@@ -317,6 +402,8 @@ class KVBlockIndex:
         for block in ep.blocks.values():
             self._drop_keys(ep, block.keys)
         ep.blocks.clear()
+        ep.expected.clear()
+        ep.evicting = False
         ep.non_gpu = 0
         ep.group = None
         self.stats.resets[reason] = self.stats.resets.get(reason, 0) + 1
@@ -334,6 +421,41 @@ class KVBlockIndex:
                 self._release(key, address)
 
     # -- internals --
+
+    def _use(self, ep: _Endpoint, keys: Sequence[int]) -> int:
+        """Make the leading blocks of `keys` held on `ep` its most recently used, the last one
+        first (the engine frees a request's blocks in reverse, so a prefix is evicted from its
+        end); how many leading keys it holds."""
+        owners = ep.keys
+        n = 0
+        for key in keys:
+            if key not in owners:
+                break
+            n += 1
+        if n and ep.evicting:  # the order matters once the cache is full: until then, no cost
+            blocks = ep.blocks
+            clock = ep.clock
+            block: _EngineBlock | None = owners[keys[n - 1]]
+            while block is not None:  # _touch, inlined: a 100k-token prompt has thousands of blocks
+                h = block.hash
+                if blocks.get(h) is not block:
+                    break
+                clock += 1
+                block.seq = clock
+                del blocks[h]
+                blocks[h] = block
+                block = block.parent
+            ep.clock = clock
+        return n
+
+    @staticmethod
+    def _touch(ep: _Endpoint, block: _EngineBlock) -> None:
+        """Make `block` the most recently used of its endpoint."""
+        ep.clock += 1
+        block.seq = ep.clock
+        blocks = ep.blocks
+        del blocks[block.hash]
+        blocks[block.hash] = block
 
     def _endpoint(self, address: str) -> _Endpoint:
         ep = self._endpoints.get(address)
@@ -363,6 +485,8 @@ class KVBlockIndex:
         tier = TIERS.get((getattr(event, "medium", None) or "GPU").upper(), TIER_GPU)
         tokens: list[int] = event.token_ids or []
         block_size = event.block_size
+        if tier == TIER_GPU and block_size and block_size > 0:
+            ep.engine_block_size = block_size
         ep.events.stored_blocks += n
         if not tokens:  # a tier copy of blocks already known (e.g. CPU offload): no tokens needed
             for h in hashes:
@@ -378,6 +502,7 @@ class KVBlockIndex:
         lora = getattr(event, "lora_name", None) or ""
         extras = getattr(event, "extra_keys", None) or ()
         parent_hash = event.parent_block_hash
+        previous: _EngineBlock | None = None
         if parent_hash is None:
             salt, extra = _split_extra(extras[0] if extras else None, lora)
             state, pending, orphan = chain_seed(lora, salt), b"", False
@@ -389,6 +514,7 @@ class KVBlockIndex:
                 state, pending, orphan = 0, b"", True
             else:
                 state, pending, orphan = parent.state, parent.pending, False
+                previous = parent
         try:
             data = token_bytes(tokens)
         except (OverflowError, TypeError):
@@ -401,11 +527,13 @@ class KVBlockIndex:
                 if not existing.tiers & tier:
                     self._set_tiers(ep, existing, existing.tiers | tier)
                 # Already known: move it to the newest end and continue the chain from it.
-                ep.blocks[h] = ep.blocks.pop(h)
+                self._touch(ep, existing)
                 state, pending, orphan = existing.state, existing.pending, False
+                previous = existing
                 continue
             if orphan:
-                ep.blocks[h] = _EngineBlock((), 0, b"", tier, orphan=True)
+                ep.clock += 1
+                ep.blocks[h] = _EngineBlock(h, None, (), 0, b"", tier, orphan=True, seq=ep.clock)
                 self._skip("orphan", 1)
                 continue
             if (i or parent_hash is not None) and i < len(extras):
@@ -413,15 +541,19 @@ class KVBlockIndex:
                 if extra:
                     state = _hash(_EXTRA_TAG + extra, seed=state)
             keys, state, pending = chain_keys(state, data[i * step:(i + 1) * step], self.block_size, pending)
-            block = _EngineBlock(tuple(keys), state, pending, tier)
+            ep.clock += 1
+            block = _EngineBlock(h, previous, tuple(keys), state, pending, tier, seq=ep.clock)
             ep.blocks[h] = block
             self._add_keys(ep, block)
+            previous = block
 
     def _removed(self, ep: _Endpoint, hashes: Sequence[EngineHash], medium: str | None, group: int | None) -> None:
         if ep.group is not None and (group or 0) != ep.group:
             return
         tier = TIERS.get((medium or "GPU").upper(), TIER_GPU)
         ep.events.removed_blocks += len(hashes)
+        if tier == TIER_GPU and hashes:
+            ep.evicting = True
         for h in hashes:
             block = ep.blocks.get(h)
             if block is None:
@@ -442,13 +574,15 @@ class KVBlockIndex:
 
     def _add_keys(self, ep: _Endpoint, block: _EngineBlock) -> None:
         keys, bits, address = ep.keys, block.tiers, ep.address
-        spec = ep.speculative
+        spec, expected = ep.speculative, ep.expected
         added = 0
         for key in block.keys:
             if key in keys:
                 continue
-            keys[key] = bits
+            keys[key] = block
             added += 1
+            if expected:
+                expected.pop(key, None)
             if key in spec:
                 del spec[key]  # confirmed by the engine
                 self.stats.speculative_confirmed += 1
@@ -463,11 +597,11 @@ class KVBlockIndex:
         keys, address, spec = ep.keys, ep.address, ep.speculative
         dropped = 0
         for key in block_keys:
-            bits = keys.pop(key, None)
-            if bits is None:
+            owner = keys.pop(key, None)
+            if owner is None:
                 continue
             dropped += 1
-            if not bits & TIER_GPU:
+            if not owner.tiers & TIER_GPU:
                 ep.non_gpu -= 1
             if key not in spec:
                 self._release(key, address)
@@ -480,13 +614,10 @@ class KVBlockIndex:
         if block.orphan:
             return
         now_gpu = bool(bits & TIER_GPU)
-        for key in block.keys:
-            if key in ep.keys:
-                ep.keys[key] = bits
-                if was_gpu and not now_gpu:
-                    ep.non_gpu += 1
-                elif now_gpu and not was_gpu:
-                    ep.non_gpu -= 1
+        if was_gpu == now_gpu:
+            return
+        owned = sum(1 for key in block.keys if ep.keys.get(key) is block)
+        ep.non_gpu += owned if was_gpu else -owned
 
     def _hold(self, key: int, address: str) -> None:
         servers = self._holders.get(key)

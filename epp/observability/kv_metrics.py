@@ -101,6 +101,9 @@ class PrecisePrefixMetrics(Collector):
                               ("expired", "speculative_expired")):
             spec.add_metric([outcome], float(sum(getattr(s, attr) for s in stats)))
         yield spec
+        yield counter("kvcache_index_foreseen_evictions", "Router blocks an endpoint held at lookup but was not "
+                      "credited with: the blocks already sent its way evict them before it admits the request.",
+                      sum(s.foreseen_blocks for s in stats))
         skipped = CounterMetricFamily("kvcache_index_skipped_blocks", "Engine blocks not indexed, by reason "
                                       "(sliding_window and other non-prefix groups, orphan, malformed, ...).",
                                       labels=["reason"])

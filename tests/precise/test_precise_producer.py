@@ -4,6 +4,7 @@ from events, the approximate fallback and what the decision trace says."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,7 @@ from epp.params import ConfigError
 from epp.scheduling.plugins.precise_prefix_cache_producer import PrecisePrefixCacheProducer
 from epp.scheduling.prefix_match import PrefixMatch
 from tests.precise.helpers import MODEL_DIR, kvreq_prompt
+from epp.datalayer.kv_events import BlockRemoved as Removed
 from epp.datalayer.kv_events import BlockStored as Stored
 
 ISSUE_CONFIG = f"""
@@ -72,6 +74,7 @@ def test_the_issue_config_loads() -> None:
     assert scorer.producer is p
     assert not any(type(x).__name__ == "ApproxPrefixCacheProducer" for x in c.config.plugins.values())
     assert len(c.director.preparers) == 1
+    assert not c.config.warnings  # the token-producer is used: it prepares every request
 
 
 async def test_routes_to_the_pod_whose_events_hold_the_prefix() -> None:
@@ -84,6 +87,30 @@ async def test_routes_to_the_pod_whose_events_hold_the_prefix() -> None:
         assert target == PODS[2]
         assert match.matched == {PODS[2]: 4} and match.total == 6
         assert set(match.sources.values()) == {"precise"} and not match.note
+
+
+@pytest.mark.parametrize("foresight", [True, False])
+async def test_a_full_pod_is_not_credited_with_the_blocks_its_next_allocation_evicts(foresight: bool) -> None:
+    text = ISSUE_CONFIG.replace('topicFilter: "kv@"}', 'topicFilter: "kv@"}\n    evictionForesight: '
+                                + ("true" if foresight else "false"))
+    c = core(text)
+    p = producer(c)
+    for a in PODS:
+        p.index.apply(a, [], 0.5)
+        endpoint = c.datastore.get(a)
+        endpoint.metrics = replace(endpoint.metrics, cache_num_blocks=4, cache_block_size=128)  # null + 3
+    engine_stores(c, PODS[2], kvreq_prompt(0))  # 3 blocks of 128 tokens: the cache is full
+    p.index.apply(PODS[2], [Removed([999])], 1.0)  # and it has evicted before
+    target, match = await pick(c, kvreq_prompt(1))  # shares 256 tokens: 2 engine blocks, 4 router blocks
+    assert target == PODS[2] and match.matched == {PODS[2]: 4}
+    # Its last block will take the least recently used one: prompt 0's third, which nobody used since.
+    _, match = await pick(c, kvreq_prompt(0))
+    if foresight:
+        assert match.matched[PODS[2]] == 4
+        assert "1 endpoint(s) expected to evict part of the prefix before admitting it" in match.note
+        assert p.index.stats.foreseen_blocks == 2
+    else:
+        assert match.matched[PODS[2]] == 6 and not match.note
 
 
 async def test_endpoints_without_events_use_the_approximate_index_and_the_trace_says_so() -> None:
@@ -133,7 +160,8 @@ async def test_metrics_are_exported() -> None:
     text = generate_latest(metrics.registry).decode()
     for name in ("kvcache_index_entries{backend=\"in_memory\"} 6.0", "kvcache_index_lookup_requests_total 1.0",
                  "llm_d_epp_precise_prefix_indexer_max_hit_ratio_bucket", "kvcache_index_endpoint_entries",
-                 "kvcache_kvevents_messages_total", "kvcache_tokenization_requests_total"):
+                 "kvcache_kvevents_messages_total", "kvcache_tokenization_requests_total",
+                 "kvcache_index_foreseen_evictions_total{backend=\"in_memory\"} 0.0"):
         assert name in text, name
 
 
