@@ -10,16 +10,18 @@ that publish their real KV-cache events (`--kv-events-config`, connect mode, top
 summed over the pool's KV capacity: at 0.7 they all fit, at 1.5 the pods must evict.
 
 Arms, each on freshly started pods, same requests:
-- `approximate`: the EPP's default profile (the approximate index of where it sent prompts);
-- `precise`: the same profile with `prefix-cache-scorer` reading `precise-prefix-cache-producer`;
+- `approximate`: the EPP's built-in default (predicted latency; the approximate index of where it
+  sent prompts);
+- `precise`: the same profile with its cache credit from `precise-prefix-cache-producer`, over the
+  prompt tokenized by a `token-producer` with the pods' own tokenizer (the simulator's shipped
+  byte-level BPE; the pods tokenize and hash blocks as vLLM does), speculative entries and
+  eviction foresight on;
 - `round-robin`: Envoy alone;
-- `precise-nospec` (optional, `--arms`): precise without speculative entries.
+- optional (`--arms`): `precise-nospec` (no speculative entries), `precise-noforesight` (no
+  eviction foresight).
 
-The simulator's HTTP pods key text by 4 characters per token and publish *synthetic* token ids
-for it (`epp.sim.block_hash.synthetic_token_ids` of each block's text hash), not a real
-tokenizer's: so the precise arm's request preparer here computes those same ids (with the
-simulator's own functions) instead of the `token-producer`'s tokenizer. Everything else — the
-events over ZMQ, the index, evictions, the scorer — is the production path.
+Everything on the precise path — tokenization, the events over ZMQ, the index, evictions, the
+scorer — is the production path.
 
 Index accuracy (precise arm): the tokens the EPP predicted cached on each picked pod, summed,
 against the hit tokens the pods' own `vllm:prefix_cache_hits_total` counted for the same requests.
@@ -32,7 +34,6 @@ import asyncio
 import math
 import random
 import time
-from array import array
 from dataclasses import dataclass
 
 import aiohttp
@@ -41,62 +42,33 @@ from bench.client import replay
 from bench.common import RESULTS, epp_command, free_ports, log, pct, start_process, stop_process, wait_http, write_report
 from bench.podmon import PodMonitor, delta
 from bench.workloads import COMPLETION, WORDS, Planned
-from epp.api.preparer import TOKENIZED_PROMPT, RequestPreparer, TokenizedPrompt
-from epp.api.request import Api, InferenceRequest
+from bench.sim_configs import precise_config
+from epp.api.request import InferenceRequest
+from epp.config.defaults import DEFAULT_CONFIG
 from epp.config.options import Options
 from epp.discovery.static import StaticDiscovery, parse_endpoint_list
 from epp.local.envoy import EnvoyConfig, EnvoyProcess, free_port
 from epp.runner import EndpointPicker
 from epp.scheduling.framework import PreRequest, SchedulingResult
-from epp.sim.block_hash import synthetic_token_ids
-from epp.sim.tokens import namespace_seed, text_block_hashes
+from epp.sim.tokens import load_tokenizer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BLOCK = 16  # the simulated engine's block size
-DEFAULT = """
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-{prefix}
-- type: active-request-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - {{pluginRef: queue-scorer, weight: 2}}
-  - {{pluginRef: kv-cache-utilization-scorer, weight: 2}}
-  - {{pluginRef: prefix-cache-scorer, weight: 3}}
-  - {{pluginRef: active-request-scorer, weight: 2}}
-"""
-APPROX = DEFAULT.format(prefix="- type: prefix-cache-scorer")
-PRECISE = DEFAULT.format(prefix="""- type: precise-prefix-cache-producer
-  parameters:
-    kvEventsConfig: {zmqEndpoint: "tcp://127.0.0.1:PORT", topicFilter: "kv@"}
-    tokenProcessorConfig: {blockSize: 16}
-    speculativeIndexing: true
-- type: prefix-cache-scorer
-  parameters: {prefixMatchInfoProducerName: precise-prefix-cache-producer}""")
 
 
-class SimTokenIds(RequestPreparer):
-    """The token ids the simulator's pods key a text prompt's blocks with (see the module doc)."""
-
-    type = "bench-sim-token-ids"
-
-    def __init__(self) -> None:
-        super().__init__("bench-sim-token-ids")
-        self.seed = namespace_seed(MODEL)
-
-    async def prepare_request(self, request: InferenceRequest) -> None:
-        prompt = request.body.get("prompt") if request.body and request.api is Api.COMPLETIONS else None
-        if not isinstance(prompt, str):
-            return
-        ids = array("i")
-        for h in text_block_hashes(prompt, BLOCK, self.seed):
-            ids.extend(synthetic_token_ids(h, 0, BLOCK))
-        ids = array("I", ids.tobytes())  # the same (positive) ids as uint32
-        request.state[TOKENIZED_PROMPT] = TokenizedPrompt(ids)
+def arm_config(arm: str, events_port: int) -> str:
+    """`approximate`: the built-in default; `precise*`: the same profile with the cache credit from
+    the pods' KV events over the prompt tokenized as the pods do (`bench.sim_configs.precise_config`:
+    the simulator's shipped tokenizer, router blocks of the engines' size)."""
+    if arm == "approximate":
+        return DEFAULT_CONFIG
+    text = precise_config(MODEL, BLOCK).replace("tcp://*:5557", f"tcp://127.0.0.1:{events_port}")
+    text = text.replace(", offloadChars: 0", "")  # live: long prompts tokenize off the event loop
+    if arm == "precise-nospec":
+        text = text.replace("speculativeIndexing: true", "speculativeIndexing: false")
+    elif arm == "precise-noforesight":
+        text = text.replace("speculativeIndexing: true", "speculativeIndexing: true\n    evictionForesight: false")
+    return text
 
 
 class Predictions(PreRequest):
@@ -129,7 +101,7 @@ class Shape:
     users: int = 3
     question: int = 150
     output: int = 48
-    rate: float = 8.0
+    rate: float = 12.0
     duration: float = 40.0
     warmup: float = 10.0
 
@@ -138,9 +110,18 @@ class Shape:
         return max(1, round(self.demand * self.pods * self.blocks * BLOCK / self.context))
 
 
+def words_per_token() -> float:
+    """The shape is in tokens as the pods count them (their shipped tokenizer): words per token of
+    the benchmark's vocabulary."""
+    sample = " ".join(random.Random(0).choices(WORDS, k=2000))
+    return 2000 / len(load_tokenizer().encode(sample))
+
+
 def plan(shape: Shape, seed: int) -> list[Planned]:
     rng = random.Random(seed)
-    contexts = [f"Customer {c} contract and knowledge base: " + " ".join(rng.choices(WORDS, k=shape.context))
+    ratio = words_per_token()
+    context, question = round(shape.context * ratio), round(shape.question * ratio)
+    contexts = [f"Customer {c} contract and knowledge base: " + " ".join(rng.choices(WORDS, k=context))
                 for c in range(shape.customers)]
     out, t = [], 0.0
     while True:
@@ -149,7 +130,7 @@ def plan(shape: Shape, seed: int) -> list[Planned]:
             return out
         c = rng.randrange(shape.customers)
         u = c * shape.users + rng.randrange(shape.users)
-        body = {"prompt": contexts[c] + f"\nUser {u} asks: " + " ".join(rng.choices(WORDS, k=shape.question)),
+        body = {"prompt": contexts[c] + f"\nUser {u} asks: " + " ".join(rng.choices(WORDS, k=question)),
                 "max_tokens": shape.output, "ignore_eos": True}
         out.append(Planned(t, COMPLETION, body, "b2b", user=u))
 
@@ -180,16 +161,13 @@ async def run_arm(arm: str, shape: Shape, requests: list[Planned]) -> dict[str, 
             envoy = EnvoyProcess(EnvoyConfig(listen_port=free_port(), admin_port=free_port(), epp_port=free_port(),
                                              with_ext_proc=False, upstreams=tuple(addresses)))
         else:
-            text = APPROX if arm == "approximate" else PRECISE.replace("PORT", str(events_port))
-            if arm == "precise-nospec":
-                text = text.replace("speculativeIndexing: true", "speculativeIndexing: false")
             picker = EndpointPicker(Options(grpc_port=0, grpc_health_port=0, metrics_port=0, admin_port=-1,
-                                            bind_address="127.0.0.1", secure_serving=False, config_text=text,
+                                            bind_address="127.0.0.1", secure_serving=False,
+                                            config_text=arm_config(arm, events_port),
                                             pool_name="bench"),
                                     discovery=StaticDiscovery(parse_endpoint_list(",".join(addresses))))
             await picker.start()
             if arm.startswith("precise"):
-                picker.director.preparers = [SimTokenIds()]
                 predictions = Predictions("precise-prefix-cache-producer")
                 picker.director.pre_request.append(predictions)
             envoy = EnvoyProcess(EnvoyConfig(listen_port=free_port(), admin_port=free_port(), epp_port=picker.grpc_port))
@@ -261,7 +239,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--arms", default="approximate,precise,round-robin")
     parser.add_argument("--demands", default="0.7,1.5")
-    parser.add_argument("--rate", type=float, default=8.0)
+    parser.add_argument("--rate", type=float, default=12.0)
     parser.add_argument("--duration", type=float, default=0.0)
     parser.add_argument("--warmup", type=float, default=0.0)
     args = parser.parse_args()

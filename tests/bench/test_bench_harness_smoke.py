@@ -47,6 +47,24 @@ def test_routing_cli_rejects_unknown_arms() -> None:
         arm("no-such-router")
 
 
+@pytest.mark.parametrize("name", ["approximate", "precise", "precise-nospec", "precise-noforesight"])
+def test_every_precise_routing_arm_loads(name: str) -> None:
+    """The live precise benchmark runs minutes outside `make test`: its configs are checked here."""
+    from bench import precise_routing
+    from epp.config.loader import load_config
+    from epp.datastore import Datastore
+
+    config = load_config(precise_routing.arm_config(name, 5557), Datastore())
+    precise = [p for p in config.plugins.values() if p.type == "precise-prefix-cache-producer"]
+    if name == "approximate":
+        assert not precise
+    else:
+        (producer,) = precise
+        assert producer.config.events.zmq_endpoint == "tcp://127.0.0.1:5557"
+        assert producer.config.speculative == (name != "precise-nospec")
+        assert producer.config.eviction_foresight == (name != "precise-noforesight")
+
+
 def test_cost_parts_tiny(tmp_path: Path) -> None:
     out = tmp_path / "cost.md"
     rc = cost.main(["--endpoints", "2", "--duration", "0.3", "--concurrency", "4", "--prompt-requests", "3,1",
