@@ -56,6 +56,10 @@ PREFIX_KINDS = frozenset({None, "full_attention", "mla_attention", "sink_full_at
 OTHER_KINDS = frozenset({"sliding_window", "sliding_window_mla", "mamba", "chunked_local_attention",
                          "encoder_only_attention", "cross_attention", "unknown"})
 
+# Engine blocks a request's use makes recent, at most: 128k tokens of 16-token blocks; a pod that
+# publishes tiny blocks cannot make every request walk a hundred thousand.
+MAX_RECENCY_WALK = 8192
+
 _hash = xxhash.xxh3_64_intdigest
 _SEED_TAG = b"epp-router-key\x00"
 _EXTRA_TAG = b"epp-extra\x00"
@@ -435,8 +439,10 @@ class KVBlockIndex:
         if n and ep.evicting:  # the order matters once the cache is full: until then, no cost
             blocks = ep.blocks
             clock = ep.clock
+            walk = MAX_RECENCY_WALK
             block: _EngineBlock | None = owners[keys[n - 1]]
-            while block is not None:  # _touch, inlined: a 100k-token prompt has thousands of blocks
+            while block is not None and walk:  # _touch, inlined: a 100k-token prompt has thousands of blocks
+                walk -= 1
                 h = block.hash
                 if blocks.get(h) is not block:
                     break

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from array import array
 
-from epp.datastore.kv_block_index import KVBlockIndex, chain_seed, router_keys
+from epp.datalayer.kv_events import BlockRemoved as _Removed
+from epp.datalayer.kv_events import BlockStored as _Stored
+from epp.datastore.kv_block_index import MAX_RECENCY_WALK, KVBlockIndex, chain_seed, router_keys
 from epp.sim.config import EngineConfig
 from epp.sim.engine import Engine
 from epp.sim.kv_cache import prepare_block_hashes
@@ -153,3 +155,15 @@ def test_unknown_capacity_or_an_endpoint_without_events_is_left_alone() -> None:
     keys = pod.keys(docs[5])
     assert pod.index.foresee(POD, keys, 10, 0, 0) == 10  # no cache_config_info scraped yet
     assert pod.index.foresee("10.0.0.9:8000", keys, 10, CAPACITY_BLOCKS * BLOCK, 0) == 10
+
+
+def test_a_pod_publishing_tiny_blocks_cannot_make_every_request_walk_them_all() -> None:
+    index = KVBlockIndex(64)
+    ids = list(range(20_000))
+    hashes = list(range(1, len(ids) + 1))  # one-token engine blocks
+    index.apply(POD, [_Stored(hashes, None, ids, 1)], 0.0)
+    index.apply(POD, [_Removed([999_999])], 0.0)  # it has evicted: the order is kept
+    ep = index._endpoints[POD]
+    before = ep.clock
+    index.dispatched(POD, router_keys(ids, 64, chain_seed()), 1.0)
+    assert ep.clock - before == MAX_RECENCY_WALK
