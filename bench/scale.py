@@ -5,6 +5,7 @@ policy, on every shipped workload, at 16 and 100 pods and on a pool that mixes G
     python -m bench.scale --pools 50:h100+50:a100 --report scale-100-pods-mixed.md
     python -m bench.scale --pools 50:h100+50:a100 --workloads head-of-line --duration 50 \
         --report scale-100-pods-mixed-hol-50s.md
+    python -m bench.scale --pools 16,8:h100+8:a100 --against bench/results/scale.md
 
 Writes `scale.md` under the output directory (default bench/results); progress on stderr.
 `--duration` runs every pool for that many seconds of arrivals, up to the workload's own
@@ -22,6 +23,11 @@ a long enough run. For every pool and workload the same requests, seed and pods 
 
 The yardstick (issue 10): on each workload, the default's TTFT p90 ≤ 1.05× and p99 ≤ 1.2× the
 best other policy's, with no more errors. The summary marks each case.
+
+`--against REPORT` checks a change to the default in a fifth of the time: with the arguments the
+report's header names, it runs the default alone on every case the report holds and weighs it
+against the report's other policies (which the change does not touch); it prints the comparison
+and writes nothing.
 """
 
 from __future__ import annotations
@@ -137,6 +143,54 @@ def summary(cases: dict[tuple[str, str], list[Report]]) -> tuple[str, int, int]:
     return table, passed, len(rows)
 
 
+@dataclass(slots=True, frozen=True)
+class Committed:
+    """One case of a committed report's summary: the default's figures and the best other's."""
+
+    p90: float  # ms
+    best90: float
+    p99: float
+    best99: float
+    fewest_errors: int
+
+
+def read_summary(path: Path) -> dict[tuple[str, str], Committed]:
+    """The summary table of a report this module wrote: (workload, pool label) -> its figures."""
+    def number(cell: str) -> float:
+        return float(cell.split("(")[0].replace(",", "").replace("*", "").strip())
+
+    cases: dict[tuple[str, str], Committed] = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 11 or cells[0] in ("workload", "") or cells[0].startswith("-"):
+            continue
+        try:
+            cases[(cells[0], cells[1])] = Committed(number(cells[2]), number(cells[3]), number(cells[5]),
+                                                    number(cells[6]), int(cells[8].split("/")[1]))
+        except (ValueError, IndexError):
+            continue
+    if not cases:
+        raise SystemExit(f"{path}: no summary table of bench.scale's shape")
+    return cases
+
+
+def compare(cases: dict[tuple[str, str], list[Report]], against: dict[tuple[str, str], Committed], path: Path) -> str:
+    rows, passed = [], 0
+    for (workload, pool), reports in cases.items():
+        mine, was = reports[0], against[(workload, pool)]
+        p90, p99 = mine.overall.ttft[1] * 1e3, mine.overall.ttft[2] * 1e3
+        r90, r99 = p90 / was.best90, p99 / was.best99
+        ok = r90 <= P90_BAR and r99 <= P99_BAR and errors(mine) <= was.fewest_errors
+        passed += ok
+        rows.append([workload, pool, f"{was.p90:,.0f} → {p90:,.0f}", f"{was.best90:,.0f}", ratio(r90),
+                     f"{was.p99:,.0f} → {p99:,.0f}", f"{was.best99:,.0f}", ratio(r99),
+                     f"{errors(mine)} / {was.fewest_errors}", "yes" if ok else "**no**"])
+    table = md_table(["workload", "pool", "epp p90 ms (report → now)", "best other p90", "ratio",
+                      "epp p99 ms (report → now)", "best other p99", "ratio", "errors (epp / fewest other)",
+                      "within bars"], rows)
+    return f"Against {path}: the default within the bars on {passed} of {len(rows)} cases.\n\n{table}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="8 pods, 20 s per workload")
@@ -152,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of arrivals on every pool, up to the workload's own "
                              "(default: the workload's; 20 at 100 pods or more)")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds left out of the figures, with --duration")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="a committed report run with the same arguments: run the default alone and compare")
     args = parser.parse_args(argv)
     if args.duration and not 0.0 <= args.warmup < args.duration:
         parser.error(f"--warmup must be at least 0 and below --duration ({args.duration:g} s)")
@@ -164,14 +220,20 @@ def main(argv: list[str] | None = None) -> int:
         pools = {name: Pool(pool.spec, args.duration, args.warmup) for name, pool in pools.items()}
     workloads = args.workloads.split(",") if args.workloads else list(WORKLOADS)
 
+    against = read_summary(args.against) if args.against else None
     tasks = []
     for workload_name in workloads:
         for pool in pools.values():
+            if against is not None and (workload_name, pool.label) not in against:
+                continue
             workload = sized(load_workload(workload_name), pool)
-            for policy in POLICIES:
+            for policy in POLICIES if against is None else POLICIES[:1]:
                 tasks.append(SimTask(f"{workload_name}/{pool.label}", workload, policy, pool.spec,  # type: ignore[arg-type]
                                      seed=args.seed))
     cases, wall = run_cases(tasks, args.jobs)
+    if against is not None:
+        print(compare(cases, against, args.against))
+        return 0
     table, passed, total = summary(cases)
     command = "".join([" --quick" if args.quick else "", f" --pools {args.pools}" if args.pools else "",
                        f" --workloads {args.workloads}" if args.workloads else "",

@@ -109,7 +109,7 @@ def test_flowcontrol_bench_smoke(tmp_path: Path) -> None:
         assert section in text
 
 
-def test_scale_bench_smoke(tmp_path: Path) -> None:
+def test_scale_bench_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench import scale
 
     assert scale.main(["--tiny", "--pools", "2", "--workloads", "load-balancing", "--jobs", "1", "--out",
@@ -118,6 +118,16 @@ def test_scale_bench_smoke(tmp_path: Path) -> None:
     assert "within the bars" in text and "## load-balancing, 2 pods" in text
     for policy in ("**epp**", "epp-weighted", "round-robin", "least-queue", "greedy-oracle"):
         assert policy in text
+
+    # The default alone against that report: the same requests, so the same figures.
+    report = scale.read_summary(tmp_path / "scale.md")
+    (case,) = report.values()
+    capsys.readouterr()
+    assert scale.main(["--tiny", "--pools", "2", "--workloads", "load-balancing", "--jobs", "1", "--against",
+                       str(tmp_path / "scale.md")]) == 0
+    out = capsys.readouterr().out
+    assert "on 1 of 1 cases" in out or "on 0 of 1 cases" in out
+    assert f"{case.p90:,.0f} → {case.p90:,.0f}" in out and f"{case.p99:,.0f} → {case.p99:,.0f}" in out
 
 
 def test_scale_bench_runs_every_pool_for_the_duration_asked(tmp_path: Path) -> None:
