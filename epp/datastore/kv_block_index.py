@@ -299,21 +299,13 @@ class KVBlockIndex:
 
     def _expire(self, now: float) -> None:
         for ep in self._endpoints.values():
-            spec = ep.speculative
-            while spec:
-                key = next(iter(spec))
-                if spec[key] > now:
-                    break
-                del spec[key]
-                if key not in ep.keys:
-                    self._release(key, ep.address)
-                    self.stats.speculative_expired += 1
-            expected = ep.expected
-            while expected:
-                key = next(iter(expected))
-                if expected[key] > now:
-                    break
-                del expected[key]
+            if ep.speculative:
+                for key in _pop_expired(ep.speculative, now):
+                    if key not in ep.keys:
+                        self._release(key, ep.address)
+                        self.stats.speculative_expired += 1
+            if ep.expected:
+                _pop_expired(ep.expected, now)
 
     # -- eviction foresight: what the engine will have evicted by the time it admits a request --
 
@@ -653,6 +645,18 @@ class KVBlockIndex:
                 self.stats.capacity_evictions += before - self._keys
             if self._keys <= self.max_keys:
                 return
+
+
+def _pop_expired(entries: dict[int, float], now: float) -> list[int]:
+    """Remove and return the keys of an expiry-ordered dict whose time has passed."""
+    gone = []
+    for key, expiry in entries.items():
+        if expiry > now:
+            break
+        gone.append(key)
+    for key in gone:
+        del entries[key]
+    return gone
 
 
 def _split_extra(extra: Any, lora: str, first: bool = True) -> tuple[str, bytes]:
