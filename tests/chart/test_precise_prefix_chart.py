@@ -21,6 +21,7 @@ def values(**precise: Any) -> dict[str, Any]:
 CENTRAL = values(tokenizer={"configMap": "tiny-tokenizer"})
 DISCOVERY = {"inferenceExtension": {"replicas": 3, "precisePrefixCache": {
     "enabled": True, "mode": "discovery", "socketPort": 5557, "replayPort": 5558, "modelName": "tiny",
+    "evictionForesight": False,
     "tokenizer": {"persistentVolumeClaim": "models", "subPath": "tiny"}}}}
 
 
@@ -49,6 +50,7 @@ def test_central_mode(helm: str, tmp_path: Path) -> None:
     config = loads(plugin_config(docs))
     producer = config.plugins["precise-prefix-cache-producer"]
     assert producer.config.events.zmq_endpoint == "tcp://*:5557" and producer.config.speculative
+    assert producer.config.eviction_foresight
     assert config.plugins["predicted-latency-producer"].prefix_producer is producer  # the cache credit
     assert "approx-prefix-cache-producer" not in config.plugins
 
@@ -65,7 +67,9 @@ def test_discovery_mode_with_replicas(helm: str, tmp_path: Path) -> None:
     assert mounts["tokenizer"]["subPath"] == "tiny"
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tokenizer"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
-    events = loads(plugin_config(docs)).plugins["precise-prefix-cache-producer"].config.events
+    producer = loads(plugin_config(docs)).plugins["precise-prefix-cache-producer"]
+    assert not producer.config.eviction_foresight  # as the values asked
+    events = producer.config.events
     assert not events.central and events.sockets.port == 5557 and events.replay.port == 5558
 
 
