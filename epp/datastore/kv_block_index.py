@@ -483,8 +483,6 @@ class KVBlockIndex:
         tier = TIERS.get((getattr(event, "medium", None) or "GPU").upper(), TIER_GPU)
         tokens: list[int] = event.token_ids or []
         block_size = event.block_size
-        if tier == TIER_GPU and block_size and block_size > 0:
-            ep.engine_block_size = block_size
         ep.events.stored_blocks += n
         if not tokens:  # a tier copy of blocks already known (e.g. CPU offload): no tokens needed
             for h in hashes:
@@ -497,6 +495,8 @@ class KVBlockIndex:
         if block_size <= 0 or len(tokens) != n * block_size:
             self._skip("malformed", n)
             return
+        if tier == TIER_GPU:
+            ep.engine_block_size = block_size  # (validated just above: the events' own blocks)
         lora = getattr(event, "lora_name", None) or ""
         extras = getattr(event, "extra_keys", None) or ()
         parent_hash = event.parent_block_hash

@@ -167,3 +167,10 @@ def test_a_pod_publishing_tiny_blocks_cannot_make_every_request_walk_them_all() 
     before = ep.clock
     index.dispatched(POD, router_keys(ids, 64, chain_seed()), 1.0)
     assert ep.clock - before == MAX_RECENCY_WALK
+
+
+def test_a_malformed_event_does_not_change_the_engine_block_size_the_foresight_reads() -> None:
+    pod, _ = steady_pod(True)
+    pod.index.apply(POD, [_Stored([1, 2], None, [1, 2, 3], 7)], pod.now)  # 3 tokens for 2 blocks of 7
+    assert pod.index._endpoints[POD].engine_block_size == BLOCK
+    assert pod.index.stats.skipped_blocks["malformed"] == 2
