@@ -145,8 +145,7 @@ class IndexStats:
     speculative_added: int = 0
     speculative_confirmed: int = 0
     speculative_expired: int = 0
-    foreseen_lookups: int = 0  # lookups where an endpoint was expected to evict part of the prefix first
-    foreseen_blocks: int = 0  # router blocks not credited for that reason
+    foreseen_blocks: int = 0  # router blocks held at lookup but not credited: evicted before admission
     resets: dict[str, int] = field(default_factory=dict)  # reason -> endpoint resets
 
 
@@ -345,8 +344,9 @@ class KVBlockIndex:
             return n
         size = ep.engine_block_size
         blocks = ep.blocks
-        # Blocks never used come first; once the engine has evicted, every free block is a freed
-        # one in eviction order (vLLM's one free queue), so allocations evict from the start.
+        # Blocks never used come first (less vLLM's null block); once the engine has evicted, every
+        # free block is a freed one in eviction order (vLLM's one free queue), so allocations evict
+        # from the start.
         free = 0 if ep.evicting else capacity_tokens // size - 1 - len(blocks) - in_use_blocks
         evicted = -(-len(ep.expected) * self.block_size // size) - max(free, 0)
         if evicted <= 0:
@@ -360,9 +360,7 @@ class KVBlockIndex:
             owner = owners.get(key)
             if owner is not None and owner.seq < kept_from:
                 lost += 1
-        if lost:
-            self.stats.foreseen_lookups += 1
-            self.stats.foreseen_blocks += lost
+        self.stats.foreseen_blocks += lost
         return n - lost
 
     # -- writing (the event subscriber, or the simulator in-process) --
