@@ -313,7 +313,7 @@ class KVBlockIndex:
         are in use until it ends (last in the eviction order); the rest are expected: the engine
         will allocate them before it admits anything sent after, evicting its least recently
         used blocks once its cache is full. Expected keys are confirmed by `BlockStored` or
-        forgotten after `speculative_ttl`."""
+        forgotten after `speculative_ttl` (at the next lookup, which expires them first)."""
         ep = self._endpoints.get(address)
         if ep is None or not keys:
             return
@@ -324,7 +324,6 @@ class KVBlockIndex:
             if key in expected:
                 del expected[key]  # re-insert: keeps the dict ordered by expiry
             expected[key] = expiry
-        self._expire(now)
 
     def released(self, address: str, keys: Sequence[int]) -> None:
         """A request with these router keys ended on `address`: the engine frees its blocks to
