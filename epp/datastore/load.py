@@ -181,6 +181,9 @@ class EndpointLoad:
     pick_rate: float = 0.0
     work_rate: float = 0.0
     prefill_rate: float = 0.0  # the prefill part of that work (what holds up the prefills behind it)
+    # KV token-seconds per second sent here: by Little's law the KV tokens its requests will hold
+    # on average if it keeps being sent what it was lately (`kv_forecast_at`).
+    kv_rate: float = 0.0
     rates_at: float = 0.0
     # When the averages began (the first pick here, or the first rates another writer reported):
     # before a window has passed they read low, and are divided by their `coverage` when read.
@@ -203,10 +206,12 @@ class EndpointLoad:
 
     # -- writes (request control) --
 
-    def add(self, item: Outstanding, now: float, work_seconds: float = 0.0, prefill_seconds: float = 0.0) -> None:
+    def add(self, item: Outstanding, now: float, work_seconds: float = 0.0, prefill_seconds: float = 0.0,
+            kv_token_seconds: float = 0.0) -> None:
         """A pick: `item` joins the end of the prefill queue (its `predicted_ttft` set);
         `work_seconds`: the pod time it will cost (its prefill and its share of decode steps),
-        `prefill_seconds` of it its prefill."""
+        `prefill_seconds` of it its prefill; `kv_token_seconds`: the KV tokens it will hold there
+        times the seconds it holds them."""
         self.settle(now)
         if self.rates_since < 0.0:
             self.rates_since = now
@@ -214,6 +219,7 @@ class EndpointLoad:
         self.pick_rate = self.pick_rate * decay + 1.0 / RATE_WINDOW
         self.work_rate = self.work_rate * decay + work_seconds / RATE_WINDOW
         self.prefill_rate = self.prefill_rate * decay + prefill_seconds / RATE_WINDOW
+        self.kv_rate = self.kv_rate * decay + kv_token_seconds / RATE_WINDOW
         self.rates_at = now
         tail = self.pending[-1].expected_done if self.pending else now
         item.started = max(now, tail)
@@ -374,11 +380,11 @@ class EndpointLoad:
     def _read_factor(self, now: float) -> float:
         return self._decay(now) / coverage(self.rates_since, now)
 
-    def decayed_rates(self, now: float) -> tuple[float, float, float]:
-        """The three averages as kept (pick rate, work rate, prefill rate), decayed to `now` but
-        not corrected for their coverage: what several writers' rows add up."""
+    def decayed_rates(self, now: float) -> tuple[float, float, float, float]:
+        """The four averages as kept (pick rate, work rate, prefill rate, KV rate), decayed to
+        `now` but not corrected for their coverage: what several writers' rows add up."""
         decay = self._decay(now)
-        return self.pick_rate * decay, self.work_rate * decay, self.prefill_rate * decay
+        return self.pick_rate * decay, self.work_rate * decay, self.prefill_rate * decay, self.kv_rate * decay
 
     def rate_at(self, now: float) -> float:
         """Picks per second lately sent here."""
@@ -391,6 +397,15 @@ class EndpointLoad:
         if self.work_rate <= 0.0:
             return 0.0
         return self.work_rate * self._read_factor(now)
+
+    def kv_forecast_at(self, now: float) -> float:
+        """KV tokens the requests lately sent here will hold on average, if it keeps being sent
+        as many (Little's law: the KV token-seconds sent per second). Unlike the cache's use,
+        which a long generation fills over its minute of decode, this counts its whole stay the
+        moment it is sent: a pod sent many of them reads full at once."""
+        if self.kv_rate <= 0.0:
+            return 0.0
+        return self.kv_rate * self._read_factor(now)
 
     def prefill_utilization_at(self, now: float) -> float:
         """Pod-seconds of prefill per second lately sent here: how busy the FCFS prefill queue is

@@ -263,7 +263,7 @@ class Director:
                                     load.decoding, load.context_tokens)
             item.predicted_ttft = estimate.seconds
         if prediction is not None:
-            load.add(item, now, prediction.work_seconds, prediction.prefill_work_seconds)
+            load.add(item, now, prediction.work_seconds, prediction.prefill_work_seconds, prediction.kv_token_seconds)
             _pace(endpoint)
             if self.metrics:
                 if prediction.copy_credit > 0.0:

@@ -134,6 +134,7 @@ class SharedLoad:
             peers[t.PICK_RATE] += row[t.PICK_RATE] * decay  # rates, as of now
             peers[t.WORK_RATE] += row[t.WORK_RATE] * decay
             peers[t.PREFILL_RATE] += row[t.PREFILL_RATE] * decay
+            peers[t.KV_RATE] += row[t.KV_RATE] * decay
             if row[t.PICK_RATE] > 0.0:
                 history = max(history, row[t.RATES_AGE] + max(0.0, now - row[t.RATES_AT]))
             if row[t.OBSERVATIONS] > 0:
@@ -156,13 +157,14 @@ class SharedLoad:
         load.peer_pending = round(peers[t.PENDING])  # (their queues themselves stay theirs)
         # Rates: bring own and folded parts to `now`, then swap the folded part for the new one.
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
-        pick, work, prefill = load.decayed_rates(now)
+        pick, work, prefill, kv = load.decayed_rates(now)
         if history >= 0.0:  # the sum has history since the oldest of its parts began
             since = now - history
             load.rates_since = since if load.rates_since < 0.0 else min(load.rates_since, since)
         load.pick_rate = max(0.0, pick - folded[t.PICK_RATE] * old + peers[t.PICK_RATE])
         load.work_rate = max(0.0, work - folded[t.WORK_RATE] * old + peers[t.WORK_RATE])
         load.prefill_rate = max(0.0, prefill - folded[t.PREFILL_RATE] * old + peers[t.PREFILL_RATE])
+        load.kv_rate = max(0.0, kv - folded[t.KV_RATE] * old + peers[t.KV_RATE])
         load.rates_at = now
         for i in _INT_FIELDS:
             peers[i] = folded[i] + round(delta[i])
@@ -215,7 +217,7 @@ class SharedLoad:
             tracked.own_fit = (service.step_scale, service.prefill_scale)
             tracked.own_observations = service.observations
         old = math.exp(-max(0.0, now - tracked.folded_at) / RATE_WINDOW) if tracked.folded_at else 0.0
-        pick, work, prefill = load.decayed_rates(now)
+        pick, work, prefill, kv = load.decayed_rates(now)
         self.table.write(self.member, tracked.slot, (
             ep.inflight_requests - f[t.INFLIGHT],
             ep.inflight_tokens - f[t.TOKENS],
@@ -231,6 +233,7 @@ class SharedLoad:
             max(0.0, pick - f[t.PICK_RATE] * old),
             max(0.0, work - f[t.WORK_RATE] * old),
             max(0.0, prefill - f[t.PREFILL_RATE] * old),
+            max(0.0, kv - f[t.KV_RATE] * old),
             now,
             tracked.own_fit[0], tracked.own_fit[1], tracked.own_observations,
             now - load.rates_since if load.rates_since >= 0.0 else 0.0,

@@ -47,7 +47,7 @@ log = logging.getLogger("epp.scale.replicas")
 
 # What a replica shares per endpoint: the table's sums up to the rates (no service-model fit: each
 # replica learns its pods from its own traffic).
-_SHARED = t.RATES_AT  # fields [0, RATES_AT) ; the three rates are sent as of the moment of sending
+_SHARED = t.RATES_AT  # fields [0, RATES_AT) ; the four rates are sent as of the moment of sending
 _MAX_MESSAGE = 256 << 10
 _PEER_RATES_HISTORY = 10 * RATE_WINDOW  # seconds
 _SLOTS_PERIOD = 0.25  # seconds between two reads of the table's endpoint names
@@ -227,6 +227,7 @@ class ReplicaLink:
                     total[t.PICK_RATE] += row[t.PICK_RATE] * decay
                     total[t.WORK_RATE] += row[t.WORK_RATE] * decay
                     total[t.PREFILL_RATE] += row[t.PREFILL_RATE] * decay
+                    total[t.KV_RATE] += row[t.KV_RATE] * decay
             if full or total != self._sent.get(address):
                 out[address] = total
                 self._sent[address] = total
@@ -332,6 +333,7 @@ class ReplicaLink:
                 total[t.PICK_RATE] += values[t.PICK_RATE] * decay
                 total[t.WORK_RATE] += values[t.WORK_RATE] * decay
                 total[t.PREFILL_RATE] += values[t.PREFILL_RATE] * decay
+                total[t.KV_RATE] += values[t.KV_RATE] * decay
             total[t.RATES_AT] = now
             # Other replicas send their rates without their history: taken as a whole window's
             # (a replica joining a running pool must not read them several times too high).

@@ -30,13 +30,14 @@ FIELDS = (
     "pending",  # requests whose prefill is not over (the ledger's queue length)
     "decode_output",  # Σ expected output of the decoding ones (how soon they end)
     "decode_ending",  # Σ ENDING_UNIT // expected output of the decoding ones (their pace of ending)
-    "pick_rate", "work_rate", "prefill_rate", "rates_at",  # exponential averages as of `rates_at` (monotonic clock)
+    "pick_rate", "work_rate", "prefill_rate", "kv_rate",  # exponential averages as of `rates_at`
+    "rates_at",  # (monotonic clock)
     "step_scale", "prefill_scale", "observations",  # the writer's own fit of the pod's service model
     "rates_age",  # seconds of history behind the writer's rates (readers correct them for it)
 )
 F = len(FIELDS)
 (INFLIGHT, TOKENS, BACKLOG, PAIRS, DECODING, CONTEXT, FOOTPRINT, REQUESTS, PENDING, DECODE_OUTPUT, DECODE_ENDING,
- PICK_RATE, WORK_RATE, PREFILL_RATE, RATES_AT, STEP_SCALE, PREFILL_SCALE, OBSERVATIONS, RATES_AGE) = range(F)
+ PICK_RATE, WORK_RATE, PREFILL_RATE, KV_RATE, RATES_AT, STEP_SCALE, PREFILL_SCALE, OBSERVATIONS, RATES_AGE) = range(F)
 ZEROS = (0.0,) * F
 _ROW = struct.Struct(f"={F}d")
 

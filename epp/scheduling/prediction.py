@@ -38,6 +38,10 @@ class Prediction:
     # seconds for a copy of a prefix its holders have (work the pool cannot absorb).
     saturated: bool = False
     saturation_charge: float = 0.0
+    # The KV tokens the request will hold there times the seconds it holds them (its uncached
+    # prompt and half its output, over its prefill and decode): what the pick adds to the pod's
+    # KV forecast (`EndpointLoad.kv_forecast_at`).
+    kv_token_seconds: float = 0.0
     # `saturation_charge` set for a prefix in its first seconds of reuse rather than a saturated
     # pool (its holder likely still computing it: `PredictedLatencyProducer._charge_copies`).
     young_prefix: bool = False

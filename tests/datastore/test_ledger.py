@@ -123,13 +123,16 @@ def test_rates_are_corrected_for_the_history_they_have() -> None:
     load = EndpointLoad()
     now = 0.0
     while now < 5.0:
-        load.add(item(ttft=0.01), now, work_seconds=0.2, prefill_seconds=0.1)
+        load.add(item(ttft=0.01), now, work_seconds=0.2, prefill_seconds=0.1, kv_token_seconds=30_000.0)
         now += 0.5
-    pick, work, prefill = load.decayed_rates(now)
+    pick, work, prefill, kv = load.decayed_rates(now)
     assert pick == pytest.approx(0.77, abs=0.01)  # the bare average
     assert load.rate_at(now) == pytest.approx(2.0, rel=0.05)
     assert load.utilization_at(now) == pytest.approx(0.4, rel=0.05)
     assert load.prefill_utilization_at(now) == pytest.approx(0.2, rel=0.05)
+    # 2 requests a second, each holding 3,000 KV tokens for 10 s: 60,000 tokens held on average.
+    assert load.kv_forecast_at(now) == pytest.approx(60_000.0, rel=0.05)
+    assert kv == pytest.approx(pick * 30_000.0)
     # Long after, the correction is gone: the average has a whole window of history.
     assert coverage(0.0, 100.0) == pytest.approx(1.0, rel=1e-4)
     assert load.rate_at(100.0) == pytest.approx(load.decayed_rates(100.0)[0], rel=1e-4)

@@ -186,8 +186,9 @@ def test_ledger_sums_add_up_and_own_part_stays_exact(layout: PodLayout) -> None:
 
 
 def test_the_work_rates_of_each_workers_picks_add_up(layout: PodLayout) -> None:
-    """The predictor's utilisations (all work, and the prefill part) are each worker's picks
-    summed: a pod two workers keep busy is as busy to each as to one worker sending it all."""
+    """The predictor's utilisations (all work, and the prefill part) and KV forecasts are each
+    worker's picks summed: a pod two workers keep busy is as busy to each as to one worker
+    sending it all."""
     clock = Clock()
     (core_a, link_a), (core_b, link_b) = worker(layout, 0, clock), worker(layout, 1, clock)
 
@@ -203,6 +204,9 @@ def test_the_work_rates_of_each_workers_picks_add_up(layout: PodLayout) -> None:
     seen = [[round(ep.load.prefill_utilization_at(clock.now), 9) for ep in core.datastore.endpoints()]
             for core in (core_a, core_b)]
     assert seen[0] == seen[1]
+    forecasts = [[round(ep.load.kv_forecast_at(clock.now), 3) for ep in core.datastore.endpoints()]
+                 for core in (core_a, core_b)]
+    assert forecasts[0] == forecasts[1] and sum(forecasts[0]) > 0.0
     for core, record in zip((core_a, core_b, core_a, core_b), records):
         core.director.release(record)
 

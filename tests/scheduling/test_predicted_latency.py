@@ -221,6 +221,40 @@ def test_a_pick_on_a_full_kv_cache_with_a_queue_is_charged_the_cache_time_its_bl
     assert unc.kv_time_charge == 0.0 and unc.cost == pytest.approx(deep.cost - deep.kv_time_charge)
 
 
+def test_a_long_generation_is_charged_on_a_pod_whose_kv_forecast_binds_before_its_cache_fills() -> None:
+    """A pod lately sent many long generations will hold their blocks for a minute: its KV
+    forecast (the KV token-seconds sent there per second) binds while its cache still reads
+    20% used. A long generation is charged for filling it there, nowhere else; a short request
+    is not (it is gone before the forecast's window is), nor is any while the model's output
+    lengths are not yet learned (a request is expected to write all its max_tokens then)."""
+    store = pool(kv_cache_usage=0.2)
+    herded, *others = store.endpoints()
+    capacity = 16 * 20_000
+    for i in range(20):  # 20 long generations in 5 s, each 6,000 tokens held for a minute
+        herded.load.add(Outstanding(4_000, 0, 2_000, 95.0 + i * 0.25, predicted_ttft=0.5), 95.0 + i * 0.25,
+                        kv_token_seconds=6_000 * 60.0)
+    assert herded.load.kv_forecast_at(100.0) > capacity  # what it was sent would overflow it
+    producer = PredictedLatencyProducer(datastore=store)
+
+    def charges(max_tokens: int) -> dict[str, float]:
+        cycle = CycleState()
+        producer.prepare(cycle, request("x" * 16_000, max_tokens=max_tokens), list(store.endpoints()))
+        return {a: p.kv_time_charge for a, p in cycle.predictions.items()}
+
+    assert set(charges(2_000).values()) == {0.0}  # nothing learned yet
+    stats = store.models.get("m")
+    for _ in range(50):
+        stats.observe(16_000, 4_000, 2_000, max_tokens=2_000)  # they run to their max_tokens
+    long = charges(2_000)
+    assert long[herded.address] > 1.0  # seconds
+    assert all(long[ep.address] == 0.0 for ep in others)
+    assert set(charges(50).values()) == {0.0}
+    off = PredictedLatencyProducer(datastore=store, kv_forecast_charge=False)
+    cycle = CycleState()
+    off.prepare(cycle, request("x" * 16_000, max_tokens=2_000), list(store.endpoints()))
+    assert cycle.predictions[herded.address].kv_time_charge == 0.0
+
+
 def test_a_pod_yet_to_show_its_batch_limit_is_held_to_the_one_its_pool_showed() -> None:
     """vLLM does not export max_num_seqs; each pod's scrapes reveal it (`BatchLimit`). Until a pod's
     own do, it is assumed to run the smallest limit another candidate has shown: else the pods
@@ -1017,7 +1051,8 @@ def test_a_prompt_a_pod_does_not_hold_is_charged_the_queue_its_filling_cache_wil
                                                   ("slotCharge", "slot_charge"),
                                                   ("youngPrefixCharge", "young_prefix_charge"),
                                                   ("kvTimeCharge", "kv_time_charge"),
-                                                  ("kvFillingCharge", "kv_filling_charge")])
+                                                  ("kvFillingCharge", "kv_filling_charge"),
+                                                  ("kvForecastCharge", "kv_forecast_charge")])
 def test_the_saturated_ranking_and_the_drain_charge_are_validated_config_parameters(parameter: str,
                                                                                       attribute: str) -> None:
     def producer(parameters: str) -> PredictedLatencyProducer:

@@ -2,7 +2,7 @@
 readable one kept beside it (`_predict`), on random states: ledgers with requests in every
 phase, scraped metrics the ledger does and does not explain, full batches (configured and
 learned batch limits), full KV caches, LoRA adapters, learned service models and calibrations,
-paces measured while backlogged, KV use as utilisation and as a filling queue, prefix credit, evictions and prefixes to compute again. A change to the prediction is made in both; this test
+paces measured while backlogged, KV use as utilisation and as a filling queue, KV forecasts, prefix credit, evictions and prefixes to compute again. A change to the prediction is made in both; this test
 says where they part."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> Endpoint:
         item.cached_tokens = rng.randint(0, item.prompt_tokens - 1)
         if rng.random() < 0.3:  # a prefix the pod is expected to compute again
             item.recompute_tokens = rng.randint(0, item.cached_tokens)
-        load.add(item, t, rng.uniform(0.0, 3.0))
+        load.add(item, t, rng.uniform(0.0, 3.0), 0.0, rng.choice([0.0, rng.uniform(0.0, 400_000.0)]))
         if rng.random() < 0.3:
             load.first_byte(item, t + rng.uniform(0.0, 1.0))
         load.step_seconds = rng.choice([0.0, rng.uniform(0.005, 0.1)])  # the pace of the pod's step count
@@ -86,9 +86,10 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
     certainty = rng.choice([0.0, 1.0, rng.uniform(0.0, 1.0)])
     kv_floor = rng.random() < 0.5
     kv_pressure = rng.random() < 0.5
+    kv_forecast = rng.random() < 0.5
     fast = producer.predict_all(endpoints, match, prompt, output, now, stats, "src", arrivals, model, certainty,
-                                kv_floor, kv_pressure)
+                                kv_floor, kv_pressure, kv_forecast)
     for ep, got in zip(endpoints, fast):
         assert got == producer._predict(ep, match, prompt, output, now, stats, "src", arrivals, model,
                                         producer.assumed_batch_limit(endpoints), certainty, kv_floor,
-                                        kv_pressure), ep.name
+                                        kv_pressure, kv_forecast), ep.name

@@ -51,7 +51,8 @@ recompute of its next request (`_charge_evictions`). On a pod whose KV cache is 
 queue, a request's new blocks (its uncached prompt and its output), for as long as it holds them,
 hold up the requests queued there (`_kv_time_charge`); short of full, while the pool's caches
 bind, a prompt the pod does not hold brings them to a cache whose queue grows as it fills
-(`_kv_filling_charge`). A request that must wait for a batch slot is charged what it adds,
+(`_kv_filling_charge`), and a long generation does so wherever the requests lately sent will
+fill the cache (`_kv_forecast_charge`). A request that must wait for a batch slot is charged what it adds,
 holding one for its decode, to the waits of the requests sent there meanwhile (`_slot_charge`).
 A copy of a prefix in its first seconds of reuse, while its holder is likely still computing it,
 is charged the prefill it repeats at the load the candidate's queue shows (`_charge_copies`). Every candidate is charged for the TTFT tail: the seconds it would
@@ -101,8 +102,14 @@ Parameters (all optional):
   queue in the last 10 s), charge a prompt the pod does not hold the same share of the cache's
   time for the queue a cache as full as its would make, rho^2 / (1 - rho) requests, up to 18
   (`_kv_filling_charge`), so long prompts and generations do not fill the caches of the pods
-  whose compute looks no busier until they preempt while others have room. Both show as
-  `kv_time_charge=` in `x-epp-decision`.
+  whose compute looks no busier until they preempt while others have room.
+- `kvForecastCharge` (true): short of both, charge a request that will hold its blocks longer
+  than the pick rates' 10 s window (a long generation) the same on a pod whose KV forecast — the
+  KV token-seconds lately sent there per second, the tokens its requests will hold by Little's
+  law, with this one's — reaches 0.8 of its cache, at the fuller of that and its cache's use
+  (`_kv_forecast_charge`), once the model's output lengths are learned (50 responses), so long
+  generations do not herd onto one pod whose cache reads half empty until it overflows. All
+  three show as `kv_time_charge=` in `x-epp-decision`.
 - `youngPrefixCharge` (true): charge a copy of a prefix in its first seconds of reuse the prefill
   it repeats at the load the candidate's queue shows (`_charge_copies`), so the documents of a
   cold start are computed once, where they were first sent, not again wherever the first
@@ -167,6 +174,10 @@ _SATURATED = _MAX_UTILIZATION / (1.0 - _MAX_UTILIZATION)
 # How long after a candidate was last seen full with a queue the pool's caches count as binding
 # (`_kv_filling_charge`): a scrape's queue comes and goes, a cache's fill lasts.
 _KV_PRESSURE_SECONDS = 10.0
+# A pod whose KV forecast (`EndpointLoad.kv_forecast_at`, with the request) reaches this share of
+# its cache charges long-lived requests for filling it (`_kv_forecast_charge`).
+_KV_FORECAST_BINDS = 0.8
+_KV_FORECAST_SAMPLES = 50  # responses of the model before its output lengths are trusted there
 _BUSY_CAP = 1.0 / (1.0 - _MAX_UTILIZATION)  # the busy factor 1 / (1 - u) at the cap
 # A prefix this long (a document, not a system prompt) is placed, not balanced: a copy of it costs
 # a whole prefill, so where it lives decides what each later request of it costs. Its young second
@@ -184,7 +195,8 @@ class PredictedLatencyProducer(DataProducer):
                  prefix_producer_name: str = "", learn: bool = True, copy_credit: bool = True,
                  saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
                  eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True,
-                 kv_time_charge: bool = True, kv_filling_charge: bool = True, young_copy_credit: bool = True,
+                 kv_time_charge: bool = True, kv_filling_charge: bool = True, kv_forecast_charge: bool = True,
+                 young_copy_credit: bool = True,
                  tail_weight: float = 1.0, tail_quantile: float = 0.9) -> None:
         super().__init__(name)
         self.datastore = datastore
@@ -206,6 +218,7 @@ class PredictedLatencyProducer(DataProducer):
         self.young_prefix_charge = young_prefix_charge
         self.kv_time_charge = kv_time_charge
         self.kv_filling_charge = kv_filling_charge
+        self.kv_forecast_charge = kv_forecast_charge
         self.young_copy_credit = young_copy_credit
         self._kv_full_at = -math.inf  # when a candidate was last full with a queue (`_kv_filling_charge`)
         self.tail_weight = tail_weight
@@ -241,6 +254,7 @@ class PredictedLatencyProducer(DataProducer):
         young_prefix_charge = params.bool("youngPrefixCharge", True)
         kv_time_charge = params.bool("kvTimeCharge", True)
         kv_filling_charge = params.bool("kvFillingCharge", True)
+        kv_forecast_charge = params.bool("kvForecastCharge", True)
         young_copy_credit = params.bool("youngCopyCredit", True)
         tail_weight = params.float("tailWeight", 1.0, min=0.0, max=100.0)
         tail_quantile = params.float("tailQuantile", 0.9, min=0.5, max=0.999)
@@ -249,7 +263,8 @@ class PredictedLatencyProducer(DataProducer):
                    copy_credit=copy_credit, saturated_pool=saturated_pool, drain_charge=drain_charge,
                    kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge,
                    young_prefix_charge=young_prefix_charge, kv_time_charge=kv_time_charge,
-                   kv_filling_charge=kv_filling_charge, young_copy_credit=young_copy_credit,
+                   kv_filling_charge=kv_filling_charge, kv_forecast_charge=kv_forecast_charge,
+                   young_copy_credit=young_copy_credit,
                    tail_weight=tail_weight, tail_quantile=tail_quantile)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
@@ -307,8 +322,13 @@ class PredictedLatencyProducer(DataProducer):
             self._kv_full_at = now
         # The pool's caches bind while a candidate was full with a queue lately (`_kv_filling_charge`).
         kv_pressure = self.kv_filling_charge and now - self._kv_full_at <= _KV_PRESSURE_SECONDS
+        # Not before the model's output lengths are learned (of requests with a max_tokens, from
+        # theirs): until then a request is expected to write all its max_tokens, often many times
+        # what it will (`_kv_forecast_charge`).
+        learned = stats.limited_samples if request.max_tokens else stats.samples
+        kv_forecast = self.kv_forecast_charge and learned >= _KV_FORECAST_SAMPLES
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model,
-                                 stats.length_certainty(request.max_tokens), kv_floor, kv_pressure)
+                                 stats.length_certainty(request.max_tokens), kv_floor, kv_pressure, kv_forecast)
         saturated = self.saturated_pool and 0 < full == len(endpoints)  # the pool past its capacity
         if saturated:
             self._rank_saturated(found)
@@ -592,15 +612,16 @@ class PredictedLatencyProducer(DataProducer):
 
     def predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
-                length_certainty: float = 0.0, kv_floor: bool = False, kv_pressure: bool = False) -> Prediction:
+                length_certainty: float = 0.0, kv_floor: bool = False, kv_pressure: bool = False,
+                kv_forecast: bool = False) -> Prediction:
         """One candidate's prediction (`predict_all` of one)."""
         return self.predict_all([ep], match, prompt, output, now, stats, source, arrivals_per_pod, model,
-                                length_certainty, kv_floor, kv_pressure)[0]
+                                length_certainty, kv_floor, kv_pressure, kv_forecast)[0]
 
     def predict_all(self, endpoints: list[Endpoint], match: PrefixMatch | None, prompt: int, output: int,
                     now: float, stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0,
                     model: str = "", length_certainty: float = 0.0, kv_floor: bool = False,
-                    kv_pressure: bool = False) -> list[Prediction]:
+                    kv_pressure: bool = False, kv_forecast: bool = False) -> list[Prediction]:
         """Every candidate's prediction. This runs for each candidate of every request, so the
         per-request terms are computed once and the cheap cases of each wait are decided inline;
         it computes exactly what `_predict` (the readable form, kept for reference) does, in the
@@ -721,6 +742,9 @@ class PredictedLatencyProducer(DataProducer):
             elif kv_pressure and kv_floor and cached * 2 < prompt and metrics.kv_capacity_tokens > 0:
                 kv_time = _kv_filling_charge(kv_use, metrics.kv_capacity_tokens, own, output, own_seconds + lifetime)
                 externality += kv_time
+            elif kv_forecast and kv_floor and lifetime > LOAD_RATE_WINDOW and metrics.kv_capacity_tokens > 0:
+                kv_time = _kv_forecast_charge(ep, kv_use, own, output, own_seconds + lifetime, now)
+                externality += kv_time
             # _slot_charge, inline
             slot_charge = rate * slot_wait * lifetime / slots if slot_wait > 0.0 and slot_charging else 0.0
             externality += slot_charge
@@ -752,13 +776,14 @@ class PredictedLatencyProducer(DataProducer):
                               own_seconds, recompute_tokens=recompute, credited_ttft=credited,
                               recompute_seconds=recompute_seconds, paced_wait_seconds=reported_wait,
                               raw_ttft=raw_ttft, drain_seconds=drain, kv_overflow=kv_overflow,
-                              slot_charge=slot_charge, kv_time_charge=kv_time))
+                              slot_charge=slot_charge, kv_time_charge=kv_time,
+                              kv_token_seconds=(own + half_output) * (own_seconds + lifetime)))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                  stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
                  assumed_seqs: int = 0, length_certainty: float = 0.0, kv_floor: bool = False,
-                 kv_pressure: bool = False) -> Prediction:
+                 kv_pressure: bool = False, kv_forecast: bool = False) -> Prediction:
         """The prediction for one candidate, term by term (what `predict_all` computes faster);
         `assumed_seqs`: `assumed_batch_limit` of the candidates (0: the configured limit)."""
         load, service, metrics = ep.load, ep.service, ep.metrics
@@ -856,6 +881,11 @@ class PredictedLatencyProducer(DataProducer):
             kv_time = _kv_filling_charge(_kv_utilization(ep), metrics.kv_capacity_tokens, own, output,
                                          own_seconds + lifetime)
             externality += kv_time
+        # Else a request that will hold its blocks longer than the rates remember, on a pod the
+        # requests lately sent will fill, is charged the same (`_kv_forecast_charge`).
+        elif kv_forecast and kv_floor and lifetime > LOAD_RATE_WINDOW and metrics.kv_capacity_tokens > 0:
+            kv_time = _kv_forecast_charge(ep, _kv_utilization(ep), own, output, own_seconds + lifetime, now)
+            externality += kv_time
         # On a pod whose batch slots are all taken it will hold one for its decode, and the
         # requests sent there while it waits queue behind it: each waits its share of the slots'
         # time longer (`_slot_charge`).
@@ -919,6 +949,7 @@ class PredictedLatencyProducer(DataProducer):
             kv_overflow=kv_overflow,
             slot_charge=slot_charge,
             kv_time_charge=kv_time,
+            kv_token_seconds=(own + output * 0.5) * (own_seconds + lifetime),
         )
 
     @staticmethod
@@ -1357,6 +1388,30 @@ def _kv_filling_charge(kv_use: float, capacity: int, own: int, output: int, seco
     ms, 103-106 / 356-363 ungated; BENCHMARKS.md round 35)."""
     rho = min(_MAX_UTILIZATION, kv_use + (own + output * 0.5) / capacity)
     return (own + output) / capacity * seconds * rho * rho / (1.0 - rho)
+
+
+def _kv_forecast_charge(ep: Endpoint, kv_use: float, own: int, output: int, seconds: float, now: float) -> float:
+    """What a request that will hold its blocks (`own` uncached prompt tokens and `output` tokens
+    of output) for `seconds`, longer than the pick rates remember (a long generation), costs on a
+    pod whose KV forecast with it (`EndpointLoad.kv_forecast_at`: the KV tokens the requests lately
+    sent there will hold, by Little's law) reaches `_KV_FORECAST_BINDS` of its cache: the filling
+    charge (`_kv_filling_charge`) at the fuller of its cache's use and that forecast (0 below it).
+
+    A long generation fills a cache over its minute of decode, so the cache's use shows a herd of
+    them only when it is too late: on 16 pods at 1.3x the head-of-line mix's rate, every pod read
+    at the busy factor's cap, the pods within noise of each other for a long generation's cost
+    (nearly all externality), and one pod took 15-33 of them in a few seconds at a KV use of
+    0.5-0.6; the caches so filled preempted at the end while others had room, and the TTFT p99
+    was 6.5 s against the greedy oracle's 0.2 (0.43 s so, BENCHMARKS.md round 41). The forecast
+    counts each one's whole stay the moment it is sent. Below `_KV_FORECAST_BINDS` it charges
+    nothing: at the mix's own rate, where the caches do not bind, the same charge from any fill
+    moved the long generations off the pods the chat's arrivals make costly (TTFT p90 63 -> 68 ms)."""
+    capacity = ep.metrics.kv_capacity_tokens
+    held = own + output * 0.5
+    forecast = (ep.load.kv_forecast_at(now) + held * seconds / LOAD_RATE_WINDOW) / capacity
+    if forecast < _KV_FORECAST_BINDS:
+        return 0.0
+    return _kv_filling_charge(max(kv_use, forecast - held / capacity), capacity, own, output, seconds)
 
 
 def _full_with_queue(metrics: EndpointMetrics) -> bool:
