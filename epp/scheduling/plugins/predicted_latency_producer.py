@@ -1402,7 +1402,7 @@ def _kv_forecast_charge(ep: Endpoint, kv_use: float, own: int, output: int, seco
     at the busy factor's cap, the pods within noise of each other for a long generation's cost
     (nearly all externality), and one pod took 15-33 of them in a few seconds at a KV use of
     0.5-0.6; the caches so filled preempted at the end while others had room, and the TTFT p99
-    was 6.5 s against the greedy oracle's 0.2 (0.43 s so, BENCHMARKS.md round 41). The forecast
+    was 6.5 s against the greedy oracle's 0.2 (0.38 s so, BENCHMARKS.md round 41). The forecast
     counts each one's whole stay the moment it is sent. Below `_KV_FORECAST_BINDS` it charges
     nothing: at the mix's own rate, where the caches do not bind, the same charge from any fill
     moved the long generations off the pods the chat's arrivals make costly (TTFT p90 63 -> 68 ms)."""
