@@ -22,8 +22,9 @@ from epp.scheduling.framework import CycleState
 from epp.scheduling.plugins._cold_reuse import ColdReuse
 from epp.scheduling.plugins._prefix_rates import PrefixRates
 from epp.scheduling.plugins.latency_scorer import LatencyScorer
-from epp.scheduling.plugins.predicted_latency_producer import (PredictedLatencyProducer, _early_copy, _kv_filling_charge,
-                                                               _kv_time_charge, _reused_prefix)
+from epp.scheduling.plugins.predicted_latency_producer import (_KV_FULL, PredictedLatencyProducer, _early_copy,
+                                                               _kv_filling_charge, _kv_time_charge, _kv_utilization,
+                                                               _reused_prefix)
 from epp.scheduling.prediction import Prediction
 from epp.scheduling.prefix_match import PrefixMatch
 
@@ -1839,6 +1840,31 @@ def test_a_pick_that_would_overflow_the_kv_cache_is_charged_past_the_busy_cap() 
     assert "kv_overflow=" in full.compact()
     short = predictions(store, request("x" * 16_000, max_tokens=10))
     assert short[fuller.address].kv_overflow > 0.0 and short[roomier.address].kv_overflow == 0.0
+
+
+def test_an_overflowing_pick_is_charged_even_when_most_caches_read_full() -> None:
+    """The same two pods among others whose caches all read past `_KV_FULL` with what their long
+    generations have yet to write: the KV floor of the busy factor is off (it would put every pod
+    at the cap), but whether this request fits is still a difference between pods. Counted only
+    while half the caches had room, the end of `head-of-line-heavy` sent long prompts to pods at
+    0.99 (the pick's cost within 2% of the others': 1-2.8 s in their queues) while a few had room."""
+    store = pool()
+    pods = store.endpoints()
+    usages = [0.85, 0.5] + [0.8] * (len(pods) - 2)
+    for ep, usage in zip(pods, usages):
+        for _ in range(70):
+            item = Outstanding(4000, 0, 2000, 99.0, predicted_ttft=0.05)
+            ep.load.add(item, 99.0, work_seconds=5.0)
+            ep.load.first_byte(item, 99.05)
+        ep.load.mark_scrape()
+        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=usage,
+                                          running_requests=70, update_time=99.99))
+    fuller, roomier = pods[:2]
+    assert sum(1 for ep in pods if _kv_utilization(ep) < _KV_FULL) * 2 < len(pods)  # the floor is off
+    long = predictions(store, request("x" * 16_000, max_tokens=2000))
+    full, room = long[fuller.address], long[roomier.address]
+    assert full.kv_overflow > 0.05 and room.kv_overflow == 0.0
+    assert full.cost - full.credited_ttft > 2.5 * (room.cost - room.credited_ttft)
 
 
 def test_a_pick_is_charged_the_time_it_and_its_pods_requests_spend_in_the_pools_ttft_tail() -> None:

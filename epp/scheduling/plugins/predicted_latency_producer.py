@@ -44,8 +44,8 @@ on whichever of its full pods), and a copy of a prefix its holders have
 charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
 prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
 at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
-compute and its KV cache in the externality (`_kv_utilization`), and past the cap where the
-pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
+compute and its KV cache in the externality (`_kv_utilization`); and, however full the pool,
+past the cap where the pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
 after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
 recompute of its next request (`_charge_evictions`). On a pod whose KV cache is full with a
 queue, a request's new blocks (its uncached prompt and its output), for as long as it holds them,
@@ -713,14 +713,14 @@ class PredictedLatencyProducer(DataProducer):
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
             else:
                 utilization = prefill_utilization = rate = 0.0
-            kv_overflow = kv_use = 0.0
+            kv_overflow = 0.0
+            kv_use = _kv_utilization(ep)
             if kv_floor:
-                kv_use = _kv_utilization(ep)
                 utilization = max(utilization, kv_use)
-                capacity = metrics.kv_capacity_tokens
-                if capacity > 0:  # _kv_overflow, inline
-                    kv_overflow = max(0.0, min(kv_use + (own + output) / capacity - 1.0,
-                                               (running_output * 0.5 + output) / capacity))
+            capacity = metrics.kv_capacity_tokens
+            if capacity > 0:  # _kv_overflow, inline
+                kv_overflow = max(0.0, min(kv_use + (own + output) / capacity - 1.0,
+                                           (running_output * 0.5 + output) / capacity))
             u = min(_MAX_UTILIZATION, utilization)
             busy = 1.0 / (1.0 - u)
             if kv_overflow > 0.0:
@@ -839,13 +839,14 @@ class PredictedLatencyProducer(DataProducer):
         share = service.step_scale * (prior.per_decode_seq + prior.per_context_token * (prompt + output * 0.5))
         own_seconds = self._own_prefill_seconds(ep, own, cached)
         work = own_seconds + output * share
-        # ... of its compute, or of its KV cache where that is fuller (`_kv_utilization`); and
-        # beyond the cap where the pick would overflow the KV cache (`_kv_overflow`).
+        # ... of its compute, or of its KV cache where that is fuller (`_kv_utilization`); and,
+        # however full the others, beyond the cap where the pick would overflow the KV cache
+        # (`_kv_overflow`).
         utilization = load.utilization_at(now)
         kv_overflow = 0.0
         if kv_floor:
             utilization = max(utilization, _kv_utilization(ep))
-            kv_overflow = _kv_overflow(ep, own, output, running_output)
+        kv_overflow = _kv_overflow(ep, own, output, running_output)
         u = min(_MAX_UTILIZATION, utilization)
         busy = 1.0 / (1.0 - u)
         if kv_overflow > 0.0:  # the tangent of 1 / (1 - u) at the cap, continued by the overflow
@@ -1322,7 +1323,15 @@ def _kv_overflow(ep: Endpoint, own: int, output: int, running_output: float) -> 
     avoided drew 37 long generations in 5 s (2-4 on each other pod), its cache overflowed, it
     preempted and admitted nothing for a minute, and 1% of the requests waited 40-60 s (TTFT
     p90 / p99 195 / 1,296 ms against the weighted sum's 380 / 981; 159 / 585 so; BENCHMARKS.md).
-    Counted only while at least half the candidates' caches have room (as `_kv_utilization`)."""
+
+    Counted whatever the pool's fill, unlike the KV floor of the busy factor (`_kv_utilization`,
+    which would put every pod at the cap once most caches read full): whether this request fits
+    is a difference between pods however full the others are. Counted only while half the
+    caches had room, the last seconds of `head-of-line-heavy` (16 pods, 13-15 of them past
+    `_KV_FULL` with what their long generations had yet to write) sent long prompts to pods at
+    0.99-1.00, the costs within 2% of each other, where they queued 1-2.8 s while a few pods had
+    room; and `head-of-line` at 1.3x its rate read TTFT p99 375 ms against the oracle's 200
+    (253 so; BENCHMARKS.md round 42)."""
     capacity = ep.metrics.kv_capacity_tokens
     if capacity <= 0:
         return 0.0
