@@ -843,7 +843,6 @@ class PredictedLatencyProducer(DataProducer):
         # however full the others, beyond the cap where the pick would overflow the KV cache
         # (`_kv_overflow`).
         utilization = load.utilization_at(now)
-        kv_overflow = 0.0
         if kv_floor:
             utilization = max(utilization, _kv_utilization(ep))
         kv_overflow = _kv_overflow(ep, own, output, running_output)
