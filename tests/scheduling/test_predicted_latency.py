@@ -14,7 +14,7 @@ from epp.api.request import Api, InferenceRequest
 from epp.api.response import Usage
 from epp.config.loader import load_config
 from epp.core import build_core
-from epp.datastore import Datastore, EndpointLoad, EndpointMetrics, EndpointSpec, Outstanding
+from epp.datastore import Datastore, Endpoint, EndpointLoad, EndpointMetrics, EndpointSpec, Outstanding
 from epp.errors import EppError
 from epp.observability.metrics import EppMetrics
 from epp.observability.trace import DecisionRecord
@@ -1812,6 +1812,17 @@ def test_a_reused_prefix_held_by_one_pod_gets_a_second_holder() -> None:
     assert not any(p.copy_reason == "choice" for p in busy)
 
 
+def run_long_generations(ep: Endpoint, usage: float) -> None:
+    """70 long generations decoding on `ep` (4k-token prompts, 2k-token outputs), its cache `usage` full."""
+    for _ in range(70):
+        item = Outstanding(4000, 0, 2000, 99.0, predicted_ttft=0.05)
+        ep.load.add(item, 99.0, work_seconds=5.0)
+        ep.load.first_byte(item, 99.05)
+    ep.load.mark_scrape()
+    ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=usage,
+                                      running_requests=70, update_time=99.99))
+
+
 def test_a_pick_that_would_overflow_the_kv_cache_is_charged_past_the_busy_cap() -> None:
     """Two pods at their compute cap (every pod of a pool near its decode capacity reads so),
     each running 70 long generations; one's cache holds more already. With what those have yet
@@ -1823,13 +1834,7 @@ def test_a_pick_that_would_overflow_the_kv_cache_is_charged_past_the_busy_cap() 
     store = pool()
     fuller, roomier = store.endpoints()[:2]
     for ep, usage in ((fuller, 0.85), (roomier, 0.5)):
-        for _ in range(70):
-            item = Outstanding(4000, 0, 2000, 99.0, predicted_ttft=0.05)
-            ep.load.add(item, 99.0, work_seconds=5.0)
-            ep.load.first_byte(item, 99.05)
-        ep.load.mark_scrape()
-        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=usage,
-                                          running_requests=70, update_time=99.99))
+        run_long_generations(ep, usage)
     long = predictions(store, request("x" * 16_000, max_tokens=2000))
     full, room = long[fuller.address], long[roomier.address]
     # held + half the running outputs to come + this prompt and output, beyond the capacity
@@ -1852,13 +1857,7 @@ def test_an_overflowing_pick_is_charged_even_when_most_caches_read_full() -> Non
     pods = store.endpoints()
     usages = [0.85, 0.5] + [0.8] * (len(pods) - 2)
     for ep, usage in zip(pods, usages):
-        for _ in range(70):
-            item = Outstanding(4000, 0, 2000, 99.0, predicted_ttft=0.05)
-            ep.load.add(item, 99.0, work_seconds=5.0)
-            ep.load.first_byte(item, 99.05)
-        ep.load.mark_scrape()
-        ep.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, kv_cache_usage=usage,
-                                          running_requests=70, update_time=99.99))
+        run_long_generations(ep, usage)
     fuller, roomier = pods[:2]
     assert sum(1 for ep in pods if _kv_utilization(ep) < _KV_FULL) * 2 < len(pods)  # the floor is off
     long = predictions(store, request("x" * 16_000, max_tokens=2000))
