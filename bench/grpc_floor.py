@@ -4,7 +4,8 @@ It speaks the same protocol as the EPP on the same stack (grpc.aio on uvloop, on
 answers as little as the protocol allows, its replies written as bytes as the EPP's are: the
 destination (round-robin over the endpoints it is given) after the request body, the body
 re-streamed, each response chunk echoed on the reference config, nothing to an observer stream
-(which, as with the EPP's default, runs for every response). Whatever the EPP costs above this
+(which, as with the EPP's default, runs for every streamed response; a plain one is marked for the
+access log, whose entries it reads as the EPP does). Whatever the EPP costs above this
 is its own work; this much is the price of gRPC in Python, and no optimisation of the EPP's code
 goes below it.
 
@@ -22,8 +23,9 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.api.headers import OBSERVE_TOKEN
-from epp.extproc import messages
+from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA, VIA_ACCESS_LOG
+from epp.extproc import access_log, messages
+from epp.extproc.access_log import AccessLogReceiver
 
 
 class Floor(pb_grpc.ExternalProcessorServicer):
@@ -45,9 +47,11 @@ class Floor(pb_grpc.ExternalProcessorServicer):
                 if m.request_body.end_of_stream:
                     self.picks += 1
                     target = self.endpoints[self.picks % len(self.endpoints)]
-                    # As the EPP by default (`Handoff.unstreamed_sample` 1): every response is
-                    # observed, so Envoy's shipped config opens the observer stream for each.
+                    # As the EPP by default: every response is observed; Envoy's shipped config
+                    # opens an observer stream for a streamed one and logs a plain one.
                     headers = {messages.DESTINATION: target, "content-length": str(len(body)), OBSERVE_TOKEN: "0" * 16}
+                    if b'"stream"' not in body:
+                        headers[OBSERVE_VIA] = VIA_ACCESS_LOG
                     yield messages.request_headers_response_wire(headers, [], target)
                     for reply in messages.streamed_request_body_wire(body):
                         yield reply
@@ -59,6 +63,15 @@ class Floor(pb_grpc.ExternalProcessorServicer):
                 yield messages.response_trailers_response()
 
 
+class _NoPicks:
+    """The access-log entries' lookup: the floor keeps no picks, so each entry is read and dropped."""
+
+    class handoff:  # noqa: N801 (stands in for the ExternalProcessor's attribute)
+        @staticmethod
+        def claim(token: str) -> None:
+            return None
+
+
 def add_to_server(floor: Floor, server: grpc.aio.Server) -> None:
     """With the EPP's serializer (`epp.extproc.server.add_to_server`): replies already written as
     bytes, as the EPP writes its request-path replies, so the floor builds no more than the EPP."""
@@ -66,6 +79,7 @@ def add_to_server(floor: Floor, server: grpc.aio.Server) -> None:
                                                     response_serializer=messages.serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}),))
+    access_log.add_to_server(AccessLogReceiver(_NoPicks()), server)  # type: ignore[arg-type]
 
 
 async def serve(port_file: Path, endpoints: list[str]) -> None:

@@ -8,8 +8,8 @@ as `epp serve` builds it, with metrics and the decision trace; the endpoints' me
 republished every 50 ms, as the scraper's board would) or `bench.grpc_floor`'s servicer, which
 answers the same messages and does nothing else. A client process (this one) sends each request
 as Envoy does on the shipped config (protocol config and ~10 headers, then the ~200-token body
-in one message; then, as the observer filter, the response on a stream of its own) over C
-concurrent streams. The server's own CPU time (/proc) per request is the
+in one message; then, as the observer filter, a streamed response on a stream of its own, or, as
+the access log, a plain one's entry, batched every 20 ms) over C concurrent streams. The server's own CPU time (/proc) per request is the
 figure; `÷ floor` is the EPP's over the floor's measured in the same run, alternating, so the
 machine's other load mostly cancels. `--profile N` also runs the EPP server under cProfile and
 prints its top N functions by own time (cProfile slows Python calls: use it for where, not how
@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import grpc
+import orjson
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -155,17 +156,53 @@ def _observed(token: str) -> list[pb.ProcessingRequest]:
     ]
 
 
+def _logged(token: str) -> object:
+    """What the shipped config's access log sends for a plain response: an entry with the pick's
+    token, the status, the size and the usage the Lua filter read off the body."""
+    from envoy.data.accesslog.v3 import accesslog_pb2
+    from google.protobuf import struct_pb2
+
+    from bench.stubpods import COMPLETION
+    from epp.api.headers import OBSERVE_TOKEN
+
+    entry = accesslog_pb2.HTTPAccessLogEntry()
+    entry.request.request_headers[OBSERVE_TOKEN] = token
+    entry.response.response_code.value = 200
+    entry.response.response_body_bytes = len(COMPLETION)
+    usage = orjson.dumps(orjson.loads(COMPLETION)["usage"]).decode()
+    entry.common_properties.metadata.filter_metadata["epp"].CopyFrom(
+        struct_pb2.Struct(fields={"usage": struct_pb2.Value(string_value=usage)}))
+    return entry
+
+
 async def _drive(port: int, requests: list[tuple[pb.ProcessingRequest, pb.ProcessingRequest]],
                  concurrency: int) -> int:
     """Send every request once, as Envoy does on the shipped config: the picking stream, then
-    (when the pick asked for it with an observe token) the observer stream with the response.
+    (when the pick asked for it with an observe token) the observer stream with the response, or
+    (marked for the access log) an entry on the access-log stream, batched every 20 ms.
     Returns how many got their destination."""
-    from epp.api.headers import OBSERVE_TOKEN
+    from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+
+    from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA
 
     done = 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
         queue = list(reversed(requests))
+        log_call = als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs()
+        logged: list[object] = []
+        writing = True
+
+        async def flush() -> None:
+            while writing or logged:
+                await asyncio.sleep(0.02)
+                if logged:
+                    message = als_pb2.StreamAccessLogsMessage()
+                    message.http_logs.log_entry.extend(logged)  # type: ignore[arg-type]
+                    logged.clear()
+                    await log_call.write(message)
+
+        flusher = asyncio.create_task(flush())
 
         async def worker() -> None:
             nonlocal done
@@ -175,6 +212,7 @@ async def _drive(port: int, requests: list[tuple[pb.ProcessingRequest, pb.Proces
                 await call.write(head)
                 await call.write(body)
                 token = ""
+                via = False
                 while True:
                     reply = await call.read()
                     if reply is grpc.aio.EOF:
@@ -184,13 +222,15 @@ async def _drive(port: int, requests: list[tuple[pb.ProcessingRequest, pb.Proces
                         for option in reply.request_headers.response.header_mutation.set_headers:
                             if option.header.key == OBSERVE_TOKEN:
                                 token = option.header.raw_value.decode()
+                            elif option.header.key == OBSERVE_VIA:
+                                via = True
                     elif kind == "request_body" and reply.request_body.response.body_mutation.streamed_response.end_of_stream:
                         done += 1
                         break
                 # Envoy: the request goes upstream (the observer stream opens), the response comes
                 # back (the observer reports it), then the HTTP stream, and with it the picking
                 # stream, ends.
-                if token:
+                if token and not via:
                     observer = stub.Process()
                     # The server ends an observer stream once it has what it needs (or when it has
                     # no pick to report to): writes after that fail, as Envoy's are dropped.
@@ -204,8 +244,14 @@ async def _drive(port: int, requests: list[tuple[pb.ProcessingRequest, pb.Proces
                 await call.done_writing()
                 while await call.read() is not grpc.aio.EOF:
                     pass
+                if token and via:
+                    logged.append(_logged(token))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+        writing = False
+        await flusher
+        await log_call.done_writing()
+        await log_call
     return done
 
 

@@ -30,7 +30,7 @@ from epp.datalayer.token_producer import TokenProducer
 from epp.datastore import Datastore
 from epp.discovery.base import Discovery
 from epp.discovery.static import StaticDiscovery, parse_endpoint_list
-from epp.extproc.server import ExternalProcessor, add_to_server
+from epp.extproc.server import ExternalProcessor, ResponseReports, add_to_server
 from epp.extproc.tls import server_credentials
 from epp.flowcontrol.objectives import load_objectives_file
 from epp.observability.admin import AdminServicer, QueueInfo, StatusSources
@@ -143,6 +143,7 @@ class EndpointPicker:
         self.extproc = ExternalProcessor(self.remote or self.director,
                                          max_body_bytes=options.max_request_body_bytes,
                                          debug_header=options.debug_decision_header)
+        self.metrics.registry.register(ResponseReports(self.extproc))
         self.scraper: MetricsScraper | ScraperProcess | BoardReader | None = None
         self.relay: Relay | None = None  # a pod's worker: observer streams for the other workers' picks
         self.leader: LeaderElector | None = None

@@ -31,3 +31,9 @@ DEBUG_DECISION = "x-epp-decision"
 # EPP → its own response observer (a second ext_proc filter in observability mode, after the
 # picking one): a random token naming the request, so the observer's stream finds the pick.
 OBSERVE_TOKEN = "x-epp-observe"
+# ... and, beside it, how the response is reported when not by an observer stream: `access-log`
+# for a non-streamed OpenAI-API response, whose usage Envoy's access log carries (a Lua filter reads
+# it off the body's end; `epp.extproc.access_log`). Envoy configs that predate it ignore it and
+# run the observer, which reports the response as before.
+OBSERVE_VIA = "x-epp-observe-via"
+VIA_ACCESS_LOG = "access-log"

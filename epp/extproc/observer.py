@@ -20,7 +20,10 @@ the observer's first message carries it back (`Handoff`). Only the requests whos
 worth observing get one — every streamed request, and the others unless sampled (`UNSTREAMED_SAMPLE`) —
 and the shipped Envoy configs run the observer only on requests that carry the header (the
 picker's reply clears the route cache, so the route is chosen again on what it left): an observer
-stream costs the EPP about as much as the pick. The observer's last chunks may be read
+stream costs the EPP about as much as the pick. So a non-streamed OpenAI-API response, whose only
+news is its usage, is also marked `x-epp-observe-via: access-log`, and the shipped configs report
+it through Envoy's access log instead, with the same token (`epp.extproc.access_log`); a config
+without the access log runs the observer on it as before. The observer's last chunks may be read
 after the picking stream ended; a request whose observer is attached then waits for it up to
 `grace` seconds before it is released. An observer stream that lands on another EPP (several
 EPP endpoints balanced per stream) or comes late finds no token and reports nothing: that
@@ -89,9 +92,9 @@ class Handoff:
         return self._waiting.get(token)
 
     def picker_closed(self, stream: RequestStream, token: str) -> bool:
-        """The picking stream ended. True: its observer is still reporting, keep the request
-        open for it (up to the grace); False: release it now."""
-        if not stream.observer_attached or token not in self._waiting or token in self._timers:
+        """The picking stream ended. True: its observer is still reporting, or the access log
+        will, keep the request open for it (up to the grace); False: release it now."""
+        if not (stream.observer_attached or stream.logged) or token not in self._waiting or token in self._timers:
             return False
         self._timers[token] = asyncio.get_running_loop().call_later(self.grace, self._expire, token)
         return True

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.extproc import messages
+from epp.extproc import access_log, messages
 from epp.extproc.observer import Handoff, ObserverStream
 from epp.extproc.stream import RequestStream
 from epp.requestcontrol.director import Director
@@ -28,7 +30,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         self.active_streams = 0
         # Called before each pick: brings the datastore up to date (the scraper process's board).
         self.refresh: Callable[[], object] | None = None
-        self.handoff = Handoff()  # picks whose response an observer stream reports
+        self.handoff = Handoff()  # picks whose response an observer stream (or the access log) reports
+        self.access_log = access_log.AccessLogReceiver(self)
 
     async def Process(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
@@ -71,9 +74,32 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         self.handoff.close()
 
 
+class ResponseReports(Collector):
+    """`inference_extension_response_reports_total{outcome}`: how the responses kept off the token
+    path were reported (`epp.extproc.observer`, `epp.extproc.access_log`)."""
+
+    def __init__(self, extproc: ExternalProcessor) -> None:
+        self.extproc = extproc
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "inference_extension_response_reports",
+            "Responses reported off the token path, by outcome: logged (an access-log entry reached its pick), "
+            "unmatched (an access-log entry whose pick had ended, or is another replica's), late (a pick that "
+            "ended without its observer's end or its access-log entry within the grace: its usage not counted).",
+            labels=["outcome"])
+        access_log_receiver = self.extproc.access_log
+        family.add_metric(["logged"], float(access_log_receiver.reported))
+        family.add_metric(["unmatched"], float(access_log_receiver.unmatched))
+        family.add_metric(["late"], float(self.extproc.handoff.late))
+        yield family
+
+
 def add_to_server(servicer: ExternalProcessor, server: grpc.aio.Server) -> None:
     """As the generated `add_ExternalProcessorServicer_to_server`, with a serializer that also
-    takes replies already serialised (`messages.streamed_response_body_wire`)."""
+    takes replies already serialised (`messages.streamed_response_body_wire`); and the access-log
+    service beside it (`epp.extproc.access_log`)."""
+    access_log.add_to_server(servicer.access_log, server)
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.Process, request_deserializer=pb.ProcessingRequest.FromString,
         response_serializer=messages.serialize)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.api.headers import OBSERVE_TOKEN, PATH_HEADERS, REQUEST_ID
+from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA, PATH_HEADERS, REQUEST_ID, VIA_ACCESS_LOG
 from epp.api.request import InferenceRequest, api_for_path, parse_request
 from epp.api.response import ResponseObserver, observer_for, rewrite_model_name
 from epp.errors import Code, EppError
@@ -74,6 +74,7 @@ class RequestStream:
         self.handoff = handoff
         self.token = ""  # set when an observer stream reports this request's response
         self.observer_attached = False
+        self.logged = False  # ... or Envoy's access log (`epp.extproc.access_log`), after its end
         self.max_body_bytes = max_body_bytes
         self.debug_header = debug_header
         self.request_body_mode = FULL_DUPLEX
@@ -122,9 +123,11 @@ class RequestStream:
         """The stream ended (normally, by cancel or by error): release whatever is still held,
         or, if an observer stream is still reporting the response, once it has ended."""
         record = self.record
-        if (self.token and self.handoff is not None and record is not None and not record.released
-                and self.handoff.picker_closed(self, self.token)):
-            return
+        if self.token and self.handoff is not None and record is not None and not record.released:
+            if self.logged and not self.observer_attached:
+                self.director.response_over(record)  # the pod is done with it; its usage comes later
+            if self.handoff.picker_closed(self, self.token):
+                return
         self._finish()
 
     def close_unobserved(self) -> None:
@@ -214,8 +217,13 @@ class RequestStream:
                 and request is not None and request.body is not None and self.handoff.wanted(request.stream)):
             self.token = self.handoff.expect(self)  # no response phase here: an observer reports it
             set_headers[OBSERVE_TOKEN] = self.token
+            if not request.stream and not request.api.native:  # usage in its body's `usage` object
+                self.logged = True
+                set_headers[OBSERVE_VIA] = VIA_ACCESS_LOG
         elif OBSERVE_TOKEN in self.headers:
             remove.append(OBSERVE_TOKEN)
+        if OBSERVE_VIA in self.headers and not self.logged:
+            remove.append(OBSERVE_VIA)
         return set_headers, remove
 
     # -- response path --
@@ -272,6 +280,21 @@ class RequestStream:
 
     def response_ended(self) -> None:
         """The observer stream saw the response end (or ended itself)."""
+        self._finish()
+
+    def response_logged(self, status: int, response_bytes: int, usage: bytes) -> None:
+        """Envoy's access log reported the response (`epp.extproc.access_log`): its status, its
+        size and its `usage` object as the body carried it (empty: none found)."""
+        record = self.record
+        if record is None or record.released:
+            return
+        self.response_status = status
+        self.director.on_response_headers(record, "")
+        observer = observer_for(self.request, {}, False)
+        if usage:
+            observer.feed(b'{"usage":' + usage + b"}")
+        observer.bytes_seen = response_bytes
+        self.observer = observer
         self._finish()
 
     # -- endings --

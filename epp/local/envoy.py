@@ -5,8 +5,10 @@ with FULL_DUPLEX_STREAMED request bodies, an ORIGINAL_DST upstream cluster route
 `x-gateway-destination-endpoint` header the EPP sets) but, by default, keeps the response off
 the EPP: the picking filter has no response phase, and a second ext_proc filter in
 `observability_mode` reports the response headers, body chunks and end to the EPP without Envoy
-waiting for it (`epp/extproc/observer.py`), on the requests the EPP marks `x-epp-observe` (every
-request by default, or every streamed one and a sample of the others); the picking filter's `response_trailer_mode: SEND` keeps
+waiting for it (`epp/extproc/observer.py`), on the streamed requests the EPP marks `x-epp-observe`;
+a non-streamed response (marked `x-epp-observe-via: access-log` too) is reported by Envoy's gRPC
+access log instead, its `usage` read off the body's end by a Lua filter
+(`epp/extproc/access_log.py`); the picking filter's `response_trailer_mode: SEND` keeps
 its stream open until the response ends, which is when the EPP releases the request. Requests that carry `x-gateway-model-name-rewrite`
 take a route whose picking filter does see the response, so the EPP can write the client's model
 name back into it. `response_body_mode="FULL_DUPLEX_STREAMED"` renders the reference's config
@@ -64,6 +66,34 @@ def stop_child(proc: subprocess.Popen[bytes] | None) -> None:
 
 OBSERVER_FILTER = "epp-response-observer"
 PICKER_FILTER = "envoy.filters.http.ext_proc"
+USAGE_FILTER = "epp-usage-reader"
+USAGE_LOG = "epp-response-log"
+# The Lua filter of the non-streamed responses the access log reports: the last 2 KiB of the body
+# (only the tail of each chunk is copied into Lua), and in it the last `"usage": {...}` object
+# (a quote inside a JSON string is escaped, so no generated text matches), into the stream's
+# dynamic metadata, which the access-log entry carries (`epp.extproc.access_log`).
+USAGE_LUA = """\
+function envoy_on_response(handle)
+  local tail = ""
+  for chunk in handle:bodyChunks() do
+    local n = chunk:length()
+    if n > 0 then
+      local k = math.min(n, 2048)
+      tail = string.sub(tail .. chunk:getBytes(n - k, k), -2048)
+    end
+  end
+  local usage = nil
+  for found in string.gmatch(tail, '"usage"%s*:%s*(%b{})') do
+    usage = found
+  end
+  if usage then
+    handle:streamInfo():dynamicMetadata():set("epp", "usage", usage)
+  end
+end"""
+
+
+def _indent(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in text.splitlines())
 
 
 @dataclass(slots=True)
@@ -89,6 +119,9 @@ class EnvoyConfig:
     # Envoy's default, one connection per Envoy worker thread).
     extra_epp_ports: tuple[int, ...] = ()
     epp_max_concurrent_streams: int = 16
+    # How long Envoy batches the access-log entries that report non-streamed responses: what
+    # needs their usage (token fairness, token metrics) learns it up to this much later.
+    access_log_flush_ms: int = 20
 
     @property
     def observed(self) -> bool:
@@ -139,6 +172,20 @@ class EnvoyConfig:
                         name: skip
                         typed_config:
                           "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+                  # Nor on those whose response the access log reports (x-epp-observe-via).
+                  - predicate:
+                      single_predicate:
+                        input:
+                          name: observe-via
+                          typed_config:
+                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                            header_name: x-epp-observe-via
+                        value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
+                    on_match:
+                      action:
+                        name: skip
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
               extension_config:
                 name: {OBSERVER_FILTER}
                 typed_config:
@@ -155,7 +202,36 @@ class EnvoyConfig:
                     request_body_mode: NONE
                     response_body_mode: STREAMED
                     request_trailer_mode: SKIP
-                    response_trailer_mode: SEND"""
+                    response_trailer_mode: SEND
+          - name: {USAGE_FILTER}
+            typed_config:
+              # Only on requests marked x-epp-observe-via (a non-streamed response): reads the
+              # body's `usage` object as the body passes (never buffered) for the access log.
+              "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
+              xds_matcher:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      not_matcher:
+                        single_predicate:
+                          input:
+                            name: observe-via
+                            typed_config:
+                              "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                              header_name: x-epp-observe-via
+                          value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
+                    on_match:
+                      action:
+                        name: skip
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+              extension_config:
+                name: {USAGE_FILTER}
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+                  default_source_code:
+                    inline_string: |
+{_indent(USAGE_LUA, 22)}"""
         return f"""
 admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {self.admin_port}}}}}
@@ -169,7 +245,7 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: inference
-          stream_idle_timeout: 600s
+          stream_idle_timeout: 600s{self._access_log()}
           route_config:
             virtual_hosts:
             - name: all
@@ -196,6 +272,24 @@ static_resources:
       endpoints:
       - lb_endpoints:{self._epp_endpoints()}{tls}
 """
+
+    def _access_log(self) -> str:
+        """The non-streamed responses' reports (`epp.extproc.access_log`): one entry per request
+        marked x-epp-observe-via, batched per flush interval on one stream to the EPP."""
+        if not self.observed:
+            return ""
+        return f"""
+          access_log:
+          - name: {USAGE_LOG}
+            filter: {{header_filter: {{header: {{name: x-epp-observe-via, present_match: true}}}}}}
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig
+              common_config:
+                log_name: epp
+                transport_api_version: V3
+                grpc_service: {{envoy_grpc: {{cluster_name: epp}}}}
+                buffer_flush_interval: {self.access_log_flush_ms / 1000:g}s
+              additional_request_headers_to_log: [x-epp-observe]"""
 
     def _epp_streams(self) -> str:
         return f"max_concurrent_streams: {self.epp_max_concurrent_streams}" if self.epp_max_concurrent_streams else ""

@@ -52,6 +52,7 @@ class RequestRecord:
     start: float = 0.0
     first_byte: float = 0.0
     released: bool = False
+    over: bool = False  # the pod no longer carries it (`Director.response_over`); `released` may follow later
     error_code: str = ""
     admitted: bool = False  # went through `Admission.run`, which is told when it ends
     decision: DecisionRecord | None = None  # the trace entry, for the debug response header
@@ -355,6 +356,14 @@ class Director:
             headers.update(plugin.response_received(record.request, served))
         return headers
 
+    def response_over(self, record: RequestRecord) -> None:
+        """The response is over but its usage is reported later (Envoy's access log, batched): the
+        pod's share ends now (in flight, the ledger), the rest when `release` brings the usage.
+        Safe to call more than once, and after `release`."""
+        if record.released or record.over:
+            return
+        self._end_on_pod(record, None, self.datastore.clock())
+
     def release(self, record: RequestRecord, usage: Usage | None = None, response_bytes: int = 0) -> None:
         """End a request's accounting. Safe to call more than once; only the first call counts."""
         if record.released:
@@ -362,18 +371,8 @@ class Director:
         record.released = True
         endpoint = record.endpoint
         now = self.datastore.clock()
-        if endpoint is not None:
-            endpoint.inflight_requests = max(0, endpoint.inflight_requests - 1)
-            endpoint.inflight_tokens = max(0, endpoint.inflight_tokens - record.tokens)
-            if record.outstanding is not None:
-                load = endpoint.load
-                load.settle(now)
-                if record.request.stream:
-                    self._learn_decode(record, usage, now)
-                load.release(record.outstanding, now)
-                _pace(endpoint)
-            if self.shared is not None:
-                self.shared.changed(endpoint)
+        if not record.over:
+            self._end_on_pod(record, usage, now)
         if usage is not None and not record.error_code and record.request.body is not None:
             self.datastore.models.get(record.request.target_model).observe(
                 len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)
@@ -387,11 +386,28 @@ class Director:
                 plugin.response_complete(record.request, endpoint, usage)
             except Exception:  # a plugin must never leak the request's accounting
                 log.exception("response-complete plugin %s failed", plugin.name)
+        if self.metrics and not record.error_code:
+            self.metrics.request_finished(record.request, usage, response_bytes, now - record.start)
+
+    def _end_on_pod(self, record: RequestRecord, usage: Usage | None, now: float) -> None:
+        """What the pod carried for the request: in flight, its ledger entry, the running gauge."""
+        record.over = True
+        endpoint = record.endpoint
+        if endpoint is None:
+            return
+        endpoint.inflight_requests = max(0, endpoint.inflight_requests - 1)
+        endpoint.inflight_tokens = max(0, endpoint.inflight_tokens - record.tokens)
+        if record.outstanding is not None:
+            load = endpoint.load
+            load.settle(now)
+            if record.request.stream:
+                self._learn_decode(record, usage, now)
+            load.release(record.outstanding, now)
+            _pace(endpoint)
+        if self.shared is not None:
+            self.shared.changed(endpoint)
         if self.metrics:
-            if endpoint is not None:
-                self.metrics.running_changed(record.request.model, -1)
-            if not record.error_code:
-                self.metrics.request_finished(record.request, usage, response_bytes, now - record.start)
+            self.metrics.running_changed(record.request.model, -1)
 
 
 def _pace(endpoint: Endpoint) -> None:

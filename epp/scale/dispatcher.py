@@ -41,7 +41,7 @@ from epp.requestcontrol.director import Decision, Director, RequestRecord
 log = logging.getLogger("epp.scale")
 
 _FRAME = struct.Struct("<I")
-SUBMIT, DECIDED, FAILED, FIRST_BYTE, RELEASE, CANCEL = range(6)
+SUBMIT, DECIDED, FAILED, FIRST_BYTE, RELEASE, CANCEL, OVER = range(7)
 # A frame is [kind, request id, ...]; a request and a usage travel as their own msgpack bytes,
 # decoded straight into their types.
 _encode = msgspec.msgpack.Encoder().encode
@@ -184,6 +184,14 @@ class RemoteDirector(Director):
         record.first_byte = self.datastore.clock()
         self._send([FIRST_BYTE, record.remote_id])
 
+    def response_over(self, record: RequestRecord) -> None:
+        if not isinstance(record, RemoteRecord):
+            return super().response_over(record)
+        if record.released or record.over:
+            return
+        record.over = True
+        self._send([OVER, record.remote_id])
+
     def release(self, record: RequestRecord, usage: Usage | None = None, response_bytes: int = 0) -> None:
         if not isinstance(record, RemoteRecord):
             return super().release(record, usage, response_bytes)
@@ -274,6 +282,10 @@ class DispatchServer:
             record = worker.records.get(rid)
             if record is not None:
                 self.director.first_byte(record)
+        elif kind == OVER:
+            record = worker.records.get(rid)
+            if record is not None:
+                self.director.response_over(record)
         elif kind == RELEASE:
             record = worker.records.pop(rid, None)
             if record is not None:

@@ -7,7 +7,9 @@ behind one port the kernel gives that stream to any of them, so a worker's token
 gets an observer stream for another worker's token relays what it sees — the attachment, the
 response headers, each body chunk, the end — to that worker's observation socket (`Relay`).
 The owner replays them on the picking stream exactly as its own observer would, so first
-tokens, usage and ends are learned whichever worker the observer landed on.
+tokens, usage and ends are learned whichever worker the observer landed on. Envoy's access-log
+stream (`epp.extproc.access_log`) lands on one worker too; an entry for another worker's pick is
+relayed the same way (`LOGGED`).
 
 The relay is a Unix datagram socket per worker in the pod's private directory: reliable and
 ordered on Linux, the owner's event loop wakes on arrival (a first token is timed when it
@@ -37,12 +39,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("epp.scale")
 
-ATTACH, HEADERS, CHUNK, END = range(4)
+ATTACH, HEADERS, CHUNK, END, LOGGED = range(5)
 _PREFIX_CHARS = 2
 _RANDOM_BYTES = 8
 _TOKEN_CHARS = _PREFIX_CHARS + 2 * _RANDOM_BYTES
 _HEADER = struct.Struct("<BB")  # kind, end of stream (chunks)
 _MAX_DATAGRAM = 60 << 10  # well under Linux's default AF_UNIX datagram limit
+_LOGGED = struct.Struct("<HQ")  # an access-log report: status, response bytes (then the usage)
 
 
 def socket_path(directory: str, member: int) -> str:
@@ -112,6 +115,9 @@ class RelayedPicker:
     def response_ended(self) -> None:
         self._send(END, b"")
 
+    def response_logged(self, status: int, response_bytes: int, usage: bytes) -> None:
+        self._send(LOGGED, _LOGGED.pack(min(status, 0xFFFF), min(response_bytes, 1 << 63)) + usage)
+
     def _send(self, kind: int, payload: bytes, end_of_stream: bool = False) -> None:
         self.relay.send(self.owner, _HEADER.pack(kind, int(end_of_stream)) + self.token + payload)
 
@@ -177,6 +183,9 @@ class Relay:
                 stream.response_chunk_seen(payload, bool(end_of_stream))
             elif kind == END:
                 stream.response_ended()
+            elif kind == LOGGED and len(payload) >= _LOGGED.size:
+                status, response_bytes = _LOGGED.unpack_from(payload)
+                stream.response_logged(status, response_bytes, payload[_LOGGED.size:])
         except Exception:  # a relayed observation must never break the picking stream
             log.exception("replaying a relayed observation failed")
 

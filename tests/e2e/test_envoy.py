@@ -164,7 +164,8 @@ del EndpointSpec, replace
 async def test_the_shipped_config_keeps_responses_off_the_epp_and_still_learns_the_first_token(
         stack: LocalStack) -> None:
     """The default Envoy config: the picking filter has no response phase, the observer filter
-    reports the first token (the service model learns from it), the usage and the end."""
+    reports a streamed response's first token (the service model learns from it), usage and end;
+    Envoy's access log reports the non-streamed responses' usage (no observer stream for them)."""
     assert stack.envoy is not None and stack.envoy.config.observed
     assert stack.picker is not None
     before = sum(ep.service.observations for ep in stack.picker.datastore.endpoints())
@@ -181,14 +182,22 @@ async def test_the_shipped_config_keeps_responses_off_the_epp_and_still_learns_t
         "inference_objective_output_tokens_sum", {"model_name": FAST.model, "target_model_name": FAST.model}) == 36
     stats = stack.envoy.stats("http.inference.ext_proc")
     assert stats and not any(v for k, v in stats.items() if "failed" in k or "timeout" in k), stats
-    # Observer streams only for the requests the EPP marked: every one by default (usage counts).
+    # Non-streamed responses: no observer stream; their usage comes in the access log's entries.
     async with aiohttp.ClientSession() as session:
         for i in range(8):
-            status, _ = await post(session, stack.url, {"model": FAST.model, "prompt": f"plain {i}", "max_tokens": 2})
+            status, _ = await post(session, stack.url, {"model": FAST.model, "prompt": f"plain {i}", "max_tokens": 2,
+                                                        "ignore_eos": True})
             assert status == 200
     await wait_for(lambda: inflight(stack) == 0)
+    await wait_for(lambda: stack.picker.metrics.registry.get_sample_value(  # type: ignore[union-attr]
+        "inference_objective_output_tokens_sum", {"model_name": FAST.model, "target_model_name": FAST.model}) == 36 + 16)
     started = stack.envoy.stats("http.inference.ext_proc.streams_started")["http.inference.ext_proc.streams_started"]
-    assert started == 11 + 3 + 8, started  # 11 picks, 3 streamed and the 8 plain ones observed
+    assert started == 11 + 3, started  # 11 picks and the 3 streamed responses' observers
+    access_log = stack.picker.extproc.access_log
+    assert (access_log.reported, access_log.unmatched, stack.picker.extproc.handoff.late) == (8, 0, 0)
+    assert len(stack.picker.extproc.handoff) == 0
+    assert stack.picker.metrics.registry.get_sample_value("inference_extension_response_reports_total",
+                                                          {"outcome": "logged"}) == 8
 
 
 async def test_a_rewritten_model_name_is_written_back_on_the_shipped_config(stack: LocalStack) -> None:

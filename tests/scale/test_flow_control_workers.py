@@ -93,11 +93,18 @@ async def test_fairness_and_priority_hold_across_workers(tmp_path) -> None:  # t
         handed = [await epp.metric("inference_extension_pod_member_picks", member=f"worker-{m}") for m in range(2)]
         assert min(handed) > 0, handed  # both workers took streams and handed them over
         await wait_for(lambda: _settled(epp), what="queues and in-flight counts back to zero")
+        # Every response's usage reached the dispatcher (Envoy's access log lands on one worker,
+        # which relays the other's entries): what token fairness charges.
+        await wait_for(lambda: _output_tokens(epp, 26 * 400), what="every response's usage counted")
     finally:
         if envoy is not None:
             envoy.close()
         epp.stop()
         await stop_pods(pods)
+
+
+async def _output_tokens(epp: EppServe, n: int) -> bool:
+    return await epp.metric("inference_objective_output_tokens_sum") == n
 
 
 async def _at_least(epp: EppServe, n: int) -> bool:

@@ -10,6 +10,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.api.headers import OBSERVE_TOKEN
+from epp.extproc.access_log import AccessLogReceiver
 from epp.extproc.observer import ObserverStream
 from epp.scale.observe import MemberHandoff, Relay
 
@@ -33,6 +34,9 @@ class Picker:
 
     def response_ended(self) -> None:
         self.seen.append(("end", None))
+
+    def response_logged(self, status: int, response_bytes: int, usage: bytes) -> None:
+        self.seen.append(("logged", (status, response_bytes, usage)))
 
 
 def message(**kind: object) -> pb.ProcessingRequest:
@@ -81,3 +85,33 @@ async def test_a_token_of_a_worker_that_is_gone_is_dropped_not_raised(tmp_path: 
         assert relay.dropped >= 1  # worker 7 has no socket: the observation is lost, counted
     finally:
         relay.close()
+
+
+async def test_an_access_log_entry_on_another_worker_reports_to_the_picking_one(tmp_path: Path) -> None:
+    """Envoy's access-log stream lands on one worker; an entry for another's pick is relayed."""
+    from types import SimpleNamespace
+
+    from envoy.data.accesslog.v3 import accesslog_pb2
+    from google.protobuf import struct_pb2
+
+    relays = [Relay(str(tmp_path), m) for m in range(2)]
+    handoffs = [MemberHandoff(m, relays[m]) for m in range(2)]
+    for relay, handoff in zip(relays, handoffs):
+        await relay.start(handoff)
+    try:
+        picker = Picker()
+        token = handoffs[0].expect(picker)  # type: ignore[arg-type]  # worker 0 picked
+        receiver = AccessLogReceiver(SimpleNamespace(handoff=handoffs[1]))  # type: ignore[arg-type]  # worker 1 logs
+        entry = accesslog_pb2.HTTPAccessLogEntry()
+        entry.request.request_headers[OBSERVE_TOKEN] = token
+        entry.response.response_code.value = 200
+        entry.response.response_body_bytes = 1234
+        usage = '{"prompt_tokens":5,"completion_tokens":2}'
+        entry.common_properties.metadata.filter_metadata["epp"].CopyFrom(
+            struct_pb2.Struct(fields={"usage": struct_pb2.Value(string_value=usage)}))
+        receiver.report(entry)
+        await wait_for(lambda: bool(picker.seen), timeout=5, what="the relayed report")
+        assert picker.seen == [("logged", (200, 1234, usage.encode()))] and receiver.reported == 1
+    finally:
+        for relay in relays:
+            relay.close()
