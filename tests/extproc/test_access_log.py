@@ -122,3 +122,41 @@ async def test_a_streamed_request_is_observed_and_a_client_cannot_mark_it_for_th
         assert VIA in list(reply.request_headers.response.header_mutation.remove_headers)
         await client.close()
         await until(lambda: inflight(picker) == 0, "the release")
+
+
+def test_the_pods_share_ends_once_whether_the_usage_comes_with_the_end_or_after() -> None:
+    """`Director.response_over` then `release`: in flight and the ledger drop once (a second
+    drop would hide behind the floor at zero, so a request still running there is counted)."""
+    import asyncio
+    import random
+
+    from epp.api.request import Api, InferenceRequest
+    from epp.api.response import Usage
+    from epp.core import build_core
+    from epp.datastore import Datastore, EndpointMetrics, EndpointSpec
+
+    store = Datastore(clock=lambda: 100.0)
+    endpoint = store.upsert(EndpointSpec(name="pod-0", ip="10.0.0.1", port=8000))
+    endpoint.update_metrics(EndpointMetrics(cache_block_size=16, cache_num_blocks=20_000, update_time=99.99))
+    core = build_core(store, None, tick=0.05, seed=1)
+
+    def plain(prompt: str) -> InferenceRequest:
+        return InferenceRequest(request_id=f"r{random.random()}", api=Api.COMPLETIONS, model="m", target_model="m",
+                                body={"model": "m", "prompt": prompt}, prompt=prompt.encode(), max_tokens=10)
+
+    async def two() -> tuple[object, object]:
+        return (await core.director.handle_request(plain("first")))[1], (await core.director.handle_request(plain("second")))[1]
+
+    first, second = asyncio.run(two())
+    assert endpoint.inflight_requests == 2 and endpoint.load.requests == 2
+    core.director.response_over(first)  # type: ignore[arg-type]
+    core.director.response_over(first)  # type: ignore[arg-type]
+    assert endpoint.inflight_requests == 1 and endpoint.load.requests == 1
+    samples = store.models.get("m").samples
+    core.director.release(first, Usage.of(5, 7))  # type: ignore[arg-type]  # the usage, later
+    assert endpoint.inflight_requests == 1 and endpoint.load.requests == 1  # not dropped again
+    assert store.models.get("m").samples == samples + 1  # the usage was learned
+    core.director.response_over(second)  # type: ignore[arg-type]
+    core.director.release(second)  # type: ignore[arg-type]
+    core.director.release(second)  # type: ignore[arg-type]
+    assert endpoint.inflight_requests == 0 and endpoint.load.requests == 0

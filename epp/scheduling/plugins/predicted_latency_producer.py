@@ -315,8 +315,8 @@ class PredictedLatencyProducer(DataProducer):
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         # A pod's KV counts as its utilisation while at least half the candidates have room in
         # theirs (below `_KV_FULL`): only then is there somewhere else to go (`_kv_utilization`).
-        kv_floor = self.kv_utilization and sum(
-            1 for ep in endpoints if _kv_utilization(ep) < _KV_FULL) * 2 >= len(endpoints)
+        kv_uses = [_kv_utilization(ep) for ep in endpoints]
+        kv_floor = self.kv_utilization and sum(1 for u in kv_uses if u < _KV_FULL) * 2 >= len(endpoints)
         full = sum(1 for ep in endpoints if _full_with_queue(ep.metrics))
         if full:
             self._kv_full_at = now
@@ -328,7 +328,8 @@ class PredictedLatencyProducer(DataProducer):
         learned = stats.limited_samples if request.max_tokens else stats.samples
         kv_forecast = self.kv_forecast_charge and learned >= _KV_FORECAST_SAMPLES
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model,
-                                 stats.length_certainty(request.max_tokens), kv_floor, kv_pressure, kv_forecast)
+                                 stats.length_certainty(request.max_tokens), kv_floor, kv_pressure, kv_forecast,
+                                 kv_uses)
         saturated = self.saturated_pool and 0 < full == len(endpoints)  # the pool past its capacity
         if saturated:
             self._rank_saturated(found)
@@ -621,12 +622,14 @@ class PredictedLatencyProducer(DataProducer):
     def predict_all(self, endpoints: list[Endpoint], match: PrefixMatch | None, prompt: int, output: int,
                     now: float, stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0,
                     model: str = "", length_certainty: float = 0.0, kv_floor: bool = False,
-                    kv_pressure: bool = False, kv_forecast: bool = False) -> list[Prediction]:
+                    kv_pressure: bool = False, kv_forecast: bool = False,
+                    kv_uses: list[float] | None = None) -> list[Prediction]:
         """Every candidate's prediction. This runs for each candidate of every request, so the
         per-request terms are computed once and the cheap cases of each wait are decided inline;
         it computes exactly what `_predict` (the readable form, kept for reference) does, in the
         same order of operations, so the results are identical to the last bit (a test holds
-        them so on random states)."""
+        them so on random states). `kv_uses`: each candidate's `_kv_utilization`, when the caller
+        has it already."""
         mean_output = stats.mean_output_tokens
         mean_prompt = stats.mean_prompt_tokens
         unexplained_context = mean_prompt + mean_output * 0.5
@@ -643,8 +646,11 @@ class PredictedLatencyProducer(DataProducer):
             recompute_share = match.recompute_share
         out: list[Prediction] = []
         append = out.append
-        for ep in endpoints:
+        if kv_uses is None:
+            kv_uses = [_kv_utilization(ep) for ep in endpoints]
+        for ep, kv_use in zip(endpoints, kv_uses):
             load, service, metrics = ep.load, ep.service, ep.metrics
+            capacity = metrics.kv_capacity_tokens
             prior = service.prior
             if match is not None:
                 address = ep.address
@@ -692,7 +698,7 @@ class PredictedLatencyProducer(DataProducer):
                     wait, paced_wait, ranked_only = self._slot_wait(ep, decoding, context, ending_output, unexplained,
                                                                     assumed_seqs, now, length_certainty)
                     slot_wait = wait
-                if metrics.kv_capacity_tokens > 0:
+                if capacity > 0:
                     kv_wait = self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding,
                                             context, ending_output)
                     wait += kv_wait
@@ -714,10 +720,8 @@ class PredictedLatencyProducer(DataProducer):
             else:
                 utilization = prefill_utilization = rate = 0.0
             kv_overflow = 0.0
-            kv_use = _kv_utilization(ep)
             if kv_floor:
                 utilization = max(utilization, kv_use)
-            capacity = metrics.kv_capacity_tokens
             if capacity > 0:  # _kv_overflow, inline
                 kv_overflow = max(0.0, min(kv_use + (own + output) / capacity - 1.0,
                                            (running_output * 0.5 + output) / capacity))
@@ -739,10 +743,10 @@ class PredictedLatencyProducer(DataProducer):
                 if kv_timing:
                     kv_time = _kv_time_charge(ep, own + output, own_seconds + lifetime)
                     externality += kv_time
-            elif kv_pressure and kv_floor and cached * 2 < prompt and metrics.kv_capacity_tokens > 0:
-                kv_time = _kv_filling_charge(kv_use, metrics.kv_capacity_tokens, own, output, own_seconds + lifetime)
+            elif kv_pressure and kv_floor and cached * 2 < prompt and capacity > 0:
+                kv_time = _kv_filling_charge(kv_use, capacity, own, output, own_seconds + lifetime)
                 externality += kv_time
-            elif kv_forecast and kv_floor and lifetime > LOAD_RATE_WINDOW and metrics.kv_capacity_tokens > 0:
+            elif kv_forecast and kv_floor and lifetime > LOAD_RATE_WINDOW and capacity > 0:
                 kv_time = _kv_forecast_charge(ep, kv_use, own, output, own_seconds + lifetime, now)
                 externality += kv_time
             # _slot_charge, inline
