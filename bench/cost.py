@@ -9,7 +9,8 @@ CPU is the EPP's own user+system time (all threads, and its scraper process) fro
 /proc/<pid>/stat, read before and after a fixed amount of work, so other processes on the
 machine do not count against it. Two Envoy configs are compared wherever responses matter:
 `shipped` (this project's: the picking filter has no response phase, an observer filter in
-observability mode reports streamed responses; epp/local/envoy.py, manifests/) and `reference`
+observability mode reports streamed responses and Envoy's access log the others;
+epp/local/envoy.py, manifests/) and `reference`
 (the reference's: every response chunk through the EPP, FULL_DUPLEX_STREAMED).
 
 - rate: the highest request rate one EPP process sustains with 10 and 100 endpoints (closed loop
@@ -565,7 +566,7 @@ async def part_floor(args: argparse.Namespace) -> list[str]:
     lines = ["## The floor: an ext_proc server that does nothing", "",
              "`bench/grpc_floor.py` speaks the protocol on the EPP's stack (grpc.aio on uvloop, one process, no "
              "TLS) and only answers: the destination, the body re-streamed, response chunks echoed on the "
-             "reference config, nothing to an observer (which runs, as with the EPP's default, for every response). Same "
+             "reference config, nothing to an observer (which runs, as with the EPP's default, for every streamed response); a plain response is marked for Envoy's access log, whose entries it reads and drops. Same "
              "clients, stubs and pods as above. What the EPP costs above this row is its own work.", "",
              "| load | Envoy config | rate | server CPU per request / chunk |", "|---|---|---|---|"]
     rng = random.Random(5)
