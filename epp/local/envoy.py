@@ -92,6 +92,28 @@ function envoy_on_response(handle)
 end"""
 
 
+def _skip_when(header: str, present: bool) -> str:
+    """An `xds_matcher` list entry (at the shipped filters' indent) that skips the filter when the
+    request header is present (`present`) or absent, as the picker left the headers."""
+    match = f"""single_predicate:
+                        input:
+                          name: {header}
+                          typed_config:
+                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                            header_name: {header}
+                        value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}"""
+    if not present:
+        match = "not_matcher:\n                        " + match.replace("\n", "\n  ")
+    return f"""
+                  - predicate:
+                      {match}
+                    on_match:
+                      action:
+                        name: skip
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter"""
+
+
 def _indent(text: str, spaces: int) -> str:
     return "\n".join(" " * spaces + line for line in text.splitlines())
 
@@ -157,35 +179,8 @@ class EnvoyConfig:
               "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
               xds_matcher:
                 matcher_list:
-                  matchers:
-                  - predicate:
-                      not_matcher:
-                        single_predicate:
-                          input:
-                            name: observe-token
-                            typed_config:
-                              "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                              header_name: x-epp-observe
-                          value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
-                    on_match:
-                      action:
-                        name: skip
-                        typed_config:
-                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
-                  # Nor on those whose response the access log reports (x-epp-observe-via).
-                  - predicate:
-                      single_predicate:
-                        input:
-                          name: observe-via
-                          typed_config:
-                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                            header_name: x-epp-observe-via
-                        value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
-                    on_match:
-                      action:
-                        name: skip
-                        typed_config:
-                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+                  matchers:{_skip_when("x-epp-observe", present=False)}
+                  # Nor on those whose response the access log reports (x-epp-observe-via).{_skip_when("x-epp-observe-via", present=True)}
               extension_config:
                 name: {OBSERVER_FILTER}
                 typed_config:
@@ -210,21 +205,7 @@ class EnvoyConfig:
               "@type": type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher
               xds_matcher:
                 matcher_list:
-                  matchers:
-                  - predicate:
-                      not_matcher:
-                        single_predicate:
-                          input:
-                            name: observe-via
-                            typed_config:
-                              "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                              header_name: x-epp-observe-via
-                          value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}
-                    on_match:
-                      action:
-                        name: skip
-                        typed_config:
-                          "@type": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter
+                  matchers:{_skip_when("x-epp-observe-via", present=False)}
               extension_config:
                 name: {USAGE_FILTER}
                 typed_config:

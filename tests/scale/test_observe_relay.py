@@ -4,6 +4,8 @@ picking worker over its observation socket (real Unix datagram sockets) and repl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from envoy.config.core.v3 import base_pb2
@@ -43,12 +45,22 @@ def message(**kind: object) -> pb.ProcessingRequest:
     return pb.ProcessingRequest(observability_mode=True, **kind)  # type: ignore[arg-type]
 
 
-async def test_an_observer_on_another_worker_reports_to_the_picking_one(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def two_workers(tmp_path: Path) -> AsyncIterator[tuple[list[Relay], list[MemberHandoff]]]:
+    """Two workers' observation sockets and handoffs, started; closed at the end."""
     relays = [Relay(str(tmp_path), m) for m in range(2)]
     handoffs = [MemberHandoff(m, relays[m]) for m in range(2)]
     for relay, handoff in zip(relays, handoffs):
         await relay.start(handoff)
     try:
+        yield relays, handoffs
+    finally:
+        for relay in relays:
+            relay.close()
+
+
+async def test_an_observer_on_another_worker_reports_to_the_picking_one(tmp_path: Path) -> None:
+    async with two_workers(tmp_path) as (relays, handoffs):
         picker = Picker()
         token = handoffs[0].expect(picker)  # type: ignore[arg-type]  # worker 0 picked
         assert token.startswith("00") and handoffs[1].local(token) is None
@@ -67,9 +79,6 @@ async def test_an_observer_on_another_worker_reports_to_the_picking_one(tmp_path
         assert picker.seen[0] == ("headers", ":status")
         assert chunks[0] == (13, False) and sum(n for n, _ in chunks[1:]) == len(big) and chunks[-1][1]
         assert relays[1].dropped == 0 and relays[0].received == len(picker.seen) + 1  # + the attachment
-    finally:
-        for relay in relays:
-            relay.close()
 
 
 async def test_a_token_of_a_worker_that_is_gone_is_dropped_not_raised(tmp_path: Path) -> None:
@@ -94,11 +103,7 @@ async def test_an_access_log_entry_on_another_worker_reports_to_the_picking_one(
     from envoy.data.accesslog.v3 import accesslog_pb2
     from google.protobuf import struct_pb2
 
-    relays = [Relay(str(tmp_path), m) for m in range(2)]
-    handoffs = [MemberHandoff(m, relays[m]) for m in range(2)]
-    for relay, handoff in zip(relays, handoffs):
-        await relay.start(handoff)
-    try:
+    async with two_workers(tmp_path) as (_, handoffs):
         picker = Picker()
         token = handoffs[0].expect(picker)  # type: ignore[arg-type]  # worker 0 picked
         receiver = AccessLogReceiver(SimpleNamespace(handoff=handoffs[1]))  # type: ignore[arg-type]  # worker 1 logs
@@ -112,6 +117,3 @@ async def test_an_access_log_entry_on_another_worker_reports_to_the_picking_one(
         receiver.report(entry)
         await wait_for(lambda: bool(picker.seen), timeout=5, what="the relayed report")
         assert picker.seen == [("logged", (200, 1234, usage.encode()))] and receiver.reported == 1
-    finally:
-        for relay in relays:
-            relay.close()
