@@ -62,6 +62,10 @@ class Admission(ABC):
     def progressed(self) -> None:
         """An admitted request streamed its first byte: its pod's prefill queue moved."""
 
+    def left_pod(self, request: InferenceRequest) -> None:
+        """A request `run` admitted has left its pod (its response is over); `completed`, with
+        its usage, follows."""
+
     def completed(self, request: InferenceRequest, usage: Usage | None) -> None:
         """A request `run` admitted has ended (any way); `usage` when the server reported it."""
 

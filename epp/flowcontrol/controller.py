@@ -113,7 +113,7 @@ class FlowController:
         self._seq = itertools.count(1)
         self.queued_requests = 0
         self.queued_bytes = 0
-        self.inflight = 0  # dispatched, not yet completed
+        self.inflight = 0  # dispatched, not yet off its pod (`left_pod`, else `complete`)
 
     # -- introspection --
 
@@ -496,14 +496,23 @@ class FlowController:
 
     # -- completion --
 
+    def left_pod(self, item: QueueItem) -> None:
+        """A dispatched request's response is over but its usage comes later (Envoy's access
+        log): its pod's slot frees now, so the next request goes there without waiting for the
+        usage; `complete` brings the usage and ends the rest."""
+        if item.state is not ItemState.DISPATCHED or item.left_pod:
+            return
+        item.left_pod = True
+        self.inflight -= 1
+        if item.endpoint is not None:
+            self.slots.remove(item.endpoint, (item.priority, item.flow_id), reserved=item.reserved)
+
     def complete(self, item: QueueItem, usage: Usage | None = None) -> None:
         """A dispatched request ended (any way). `usage` corrects its fairness charge."""
         if item.state is not ItemState.DISPATCHED:
             return
+        self.left_pod(item)
         item.state = ItemState.DONE
-        self.inflight -= 1
-        if item.endpoint is not None:
-            self.slots.remove(item.endpoint, (item.priority, item.flow_id), reserved=item.reserved)
         band = self._bands[item.priority]
         band.queue.completed(item, usage)
         flow = band.flows.get(item.flow_id)

@@ -111,6 +111,13 @@ class FlowControlAdmission(Admission):
         if len(self.controller):
             self.wake()
 
+    def left_pod(self, request: InferenceRequest) -> None:
+        item = request.state.get(STATE_KEY)
+        if item is None:
+            return
+        self.controller.left_pod(item)
+        self.wake()
+
     def completed(self, request: InferenceRequest, usage: Usage | None) -> None:
         item = request.state.pop(STATE_KEY, None)
         if item is None:

@@ -61,6 +61,7 @@ class QueueItem:
     endpoint: Endpoint | None = None  # where it was dispatched
     reserved: bool = False  # dispatched into the endpoint's newcomer reserve (slots.py)
     dispatch_time: float = 0.0
+    left_pod: bool = False  # its response is over, its usage still to come (`FlowController.left_pod`)
 
     @property
     def queued(self) -> bool:

@@ -358,11 +358,17 @@ class Director:
 
     def response_over(self, record: RequestRecord) -> None:
         """The response is over but its usage is reported later (Envoy's access log, batched): the
-        pod's share ends now (in flight, the ledger), the rest when `release` brings the usage.
+        pod's share ends now (in flight, the ledger, flow control's slot), the rest when `release`
+        brings the usage.
         Safe to call more than once, and after `release`."""
         if record.released or record.over:
             return
         self._end_on_pod(record, None, self.datastore.clock())
+        if record.admitted:
+            try:
+                self.admission.left_pod(record.request)  # its batch slot frees now
+            except Exception:  # never leak the rest of the accounting
+                log.exception("admission's end on the pod failed")
 
     def release(self, record: RequestRecord, usage: Usage | None = None, response_bytes: int = 0) -> None:
         """End a request's accounting. Safe to call more than once; only the first call counts."""

@@ -136,3 +136,26 @@ async def test_usage_from_the_response_corrects_the_token_charge() -> None:
         rig.assert_nothing_held()
     finally:
         await rig.admission.stop()
+
+
+async def test_a_response_over_frees_the_slot_before_its_usage_comes() -> None:
+    """Envoy's access log brings a plain response's usage after its end (`Director.response_over`):
+    the next queued request is dispatched at the end, and the usage still corrects the charge."""
+    rig = Rig()
+    await rig.admission.start()
+    try:
+        req = request("a", max_tokens=50)
+        _, first = await rig.director.handle_request(req)
+        second = asyncio.create_task(rig.director.handle_request(request("b")))
+        await asyncio.sleep(0)
+        assert not second.done()
+        rig.director.response_over(first)
+        decision2, record2 = await asyncio.wait_for(second, 5)  # dispatched with no usage yet
+        assert decision2.targets == [rig.endpoint] and rig.endpoint.inflight_requests == 1
+        item = req.state[STATE_KEY]
+        rig.director.release(first, Usage(prompt_tokens=7, completion_tokens=3))  # the usage, later
+        assert item.charged == 7 + 2 * 3 and rig.controller.inflight == 1  # dropped once, not twice
+        rig.director.release(record2)
+        rig.assert_nothing_held()
+    finally:
+        await rig.admission.stop()
