@@ -251,16 +251,24 @@ static_resources:
     load_assignment:
       cluster_name: epp
       endpoints:
-      - lb_endpoints:{self._epp_endpoints()}{tls}
+      - lb_endpoints:{self._epp_endpoints()}{tls}{self._replica_log_clusters(tls)}
 """
+
+    def _log_clusters(self) -> list[str]:
+        """The clusters the access log reports to: the EPP's, or, with several EPP replicas
+        behind this Envoy, one per replica (each gets every entry and keeps its own picks': one
+        stream to the pool's cluster would reach only one of them)."""
+        if not self.extra_epp_ports:
+            return ["epp"]
+        return [f"epp-log-{i}" for i in range(1 + len(self.extra_epp_ports))]
 
     def _access_log(self) -> str:
         """The non-streamed responses' reports (`epp.extproc.access_log`): one entry per request
         marked x-epp-observe-via, batched per flush interval on one stream to the EPP."""
         if not self.observed:
             return ""
-        return f"""
-          access_log:
+        return """
+          access_log:""" + "".join(f"""
           - name: {USAGE_LOG}
             filter: {{header_filter: {{header: {{name: x-epp-observe-via, present_match: true}}}}}}
             typed_config:
@@ -268,9 +276,28 @@ static_resources:
               common_config:
                 log_name: epp
                 transport_api_version: V3
-                grpc_service: {{envoy_grpc: {{cluster_name: epp}}}}
+                grpc_service: {{envoy_grpc: {{cluster_name: {cluster}}}}}
                 buffer_flush_interval: {self.access_log_flush_ms / 1000:g}s
-              additional_request_headers_to_log: [x-epp-observe]"""
+              additional_request_headers_to_log: [x-epp-observe]""" for cluster in self._log_clusters())
+
+    def _replica_log_clusters(self, tls: str) -> str:
+        if not self.observed or not self.extra_epp_ports:
+            return ""
+        return "".join(f"""
+  - name: {cluster}
+    type: STATIC
+    connect_timeout: 5s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: {cluster}
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}{tls}"""
+                       for cluster, port in zip(self._log_clusters(), (self.epp_port, *self.extra_epp_ports)))
 
     def _epp_streams(self) -> str:
         return f"max_concurrent_streams: {self.epp_max_concurrent_streams}" if self.epp_max_concurrent_streams else ""

@@ -65,8 +65,18 @@ async def test_a_burst_split_between_two_replicas_does_not_herd(pods, replicas) 
         assert all(15 <= c <= 17 for c in counts.values()), counts
         served = [await a.metric("inference_objective_request_total"), await b.metric("inference_objective_request_total")]
         assert min(served) >= 16, served  # both replicas took a good part of it
+        # Envoy's access log reports every plain response to every replica: each counts its own
+        # picks' usage (and the other's entries as unmatched).
+        await wait_for(lambda: _usage_counted(a, b, 64 * 400), what="every response's usage, on its replica")
+        logged = [await e.metric("inference_extension_response_reports_total", outcome="logged") for e in (a, b)]
+        assert logged == served, (logged, served)
     finally:
         envoy.close()
+
+
+async def _usage_counted(a: EppServe, b: EppServe, tokens: int) -> bool:
+    return (await a.metric("inference_objective_output_tokens_sum")
+            + await b.metric("inference_objective_output_tokens_sum")) == tokens
 
 
 async def test_each_replica_sees_the_others_wave_and_fills_around_it(pods, replicas) -> None:  # type: ignore[no-untyped-def]
