@@ -9,7 +9,7 @@ CPU is the EPP's own user+system time (all threads, and its scraper process) fro
 /proc/<pid>/stat, read before and after a fixed amount of work, so other processes on the
 machine do not count against it. Two Envoy configs are compared wherever responses matter:
 `shipped` (this project's: the picking filter has no response phase, an observer filter in
-observability mode reports streamed responses and Envoy's access log the others;
+observability mode reports a streamed response's first token and Envoy's access log every usage;
 epp/local/envoy.py, manifests/) and `reference`
 (the reference's: every response chunk through the EPP, FULL_DUPLEX_STREAMED).
 
@@ -505,7 +505,8 @@ async def part_tokens(args: argparse.Namespace) -> list[str]:
              f"2 simulated pods (H100 step times, real time), {args.stream_concurrency} concurrent streams of "
              f"{args.stream_tokens} tokens, {args.duration:g} s per path, two alternating rounds, one EPP behind "
              "two Envoys: `shipped` (responses never wait on the EPP; the observer filter reports each streamed "
-             "response's first token, usage and end) and `reference` (every chunk through the EPP); Envoy "
+             "response's first token, Envoy's access log its usage and end) and `reference` (every chunk through "
+             "the EPP); Envoy "
              "without the EPP as the floor. ITL = gap between SSE token events at the client; `added` is the "
              "difference to Envoy alone in the same run. EPP CPU per chunk includes the per-request work spread "
              "over the chunks. Goal on the shipped config: ITL added ≤ 0.1 ms p99.", "",

@@ -4,8 +4,8 @@ It speaks the same protocol as the EPP on the same stack (grpc.aio on uvloop, on
 answers as little as the protocol allows, its replies written as bytes as the EPP's are: the
 destination (round-robin over the endpoints it is given) after the request body, the body
 re-streamed, each response chunk echoed on the reference config, nothing to an observer stream
-(which, as with the EPP's default, runs for every streamed response; a plain one is marked for the
-access log, whose entries it reads as the EPP does). Whatever the EPP costs above this
+(which, as with the EPP's default, runs for every streamed response, up to its first chunk; every
+response's usage comes in the access log, whose entries it reads as the EPP does). Whatever the EPP costs above this
 is its own work; this much is the price of gRPC in Python, and no optimisation of the EPP's code
 goes below it.
 
@@ -23,7 +23,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA, VIA_ACCESS_LOG
+from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA, VIA_ACCESS_LOG, VIA_FIRST_TOKEN
 from epp.extproc import access_log, messages
 from epp.extproc.access_log import AccessLogReceiver
 
@@ -36,10 +36,14 @@ class Floor(pb_grpc.ExternalProcessorServicer):
     async def Process(self, requests: AsyncIterator[pb.ProcessingRequest],  # noqa: N802 (gRPC name)
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessingResponse]:
         body = b""
+        first_token_only = False
         async for m in requests:
             kind = m.WhichOneof("request")
             if m.observability_mode:
-                if kind == "response_body" and m.response_body.end_of_stream or kind == "response_trailers":
+                if kind == "response_headers":  # as the EPP: the access log brings the rest
+                    first_token_only = "epp" in m.metadata_context.filter_metadata
+                if kind == "response_body" and (m.response_body.end_of_stream or first_token_only) \
+                        or kind == "response_trailers":
                     return
                 continue
             if kind == "request_body":
@@ -50,8 +54,7 @@ class Floor(pb_grpc.ExternalProcessorServicer):
                     # As the EPP by default: every response is observed; Envoy's shipped config
                     # opens an observer stream for a streamed one and logs a plain one.
                     headers = {messages.DESTINATION: target, "content-length": str(len(body)), OBSERVE_TOKEN: "0" * 16}
-                    if b'"stream"' not in body:
-                        headers[OBSERVE_VIA] = VIA_ACCESS_LOG
+                    headers[OBSERVE_VIA] = VIA_FIRST_TOKEN if b'"stream"' in body else VIA_ACCESS_LOG
                     yield messages.request_headers_response_wire(headers, [], target)
                     for reply in messages.streamed_request_body_wire(body):
                         yield reply

@@ -37,3 +37,6 @@ OBSERVE_TOKEN = "x-epp-observe"
 # run the observer, which reports the response as before.
 OBSERVE_VIA = "x-epp-observe-via"
 VIA_ACCESS_LOG = "access-log"
+# For a streamed response: the observer reports its first token, and, where the Envoy config has
+# the access log (the observer's messages then carry `epp.logged`), the log its usage and end.
+VIA_FIRST_TOKEN = "first-token"

@@ -441,8 +441,12 @@ class EndpointLoad:
         if item.first_step < 0.0 or steps <= 0:
             return
         self.settle(now)
-        counted = self.steps - item.first_step
-        if counted <= 0.0:
+        self.observe_step_count(self.steps - item.first_step, steps)
+
+    def observe_step_count(self, counted: float, steps: int) -> None:
+        """`observe_steps` with the count taken earlier: it counted `counted` steps where the
+        response had `steps` (its usage came after its end: Envoy's access log)."""
+        if counted <= 0.0 or steps <= 0:
             return
         ratio = min(_PACE_MAX, max(1.0 / _PACE_MAX, steps / counted))
         pace = self.step_pace * ratio ** _PACE_ALPHA

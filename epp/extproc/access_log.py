@@ -1,15 +1,19 @@
-"""Non-streamed responses reported by Envoy's access log instead of an observer stream.
+"""Responses' usage reported by Envoy's access log instead of an observer stream.
 
 An observer stream (`epp.extproc.observer`) costs the EPP about as much CPU as the pick: a stream
 and three messages per request, for a non-streamed response whose only news is its `usage` (its
-first byte is its last, and the picking stream's end is already its end). So for such a response
-(an OpenAI API: usage in the body's `usage` object) the picker marks the request
-`x-epp-observe-via: access-log` beside its token, and the shipped Envoy configs skip the observer
-for it; a Lua filter reads the `usage` object off the end of the body as it passes (never
-buffering it) into the stream's dynamic metadata, and Envoy's gRPC access log sends one entry per
+first byte is its last, and the picking stream's end is already its end), and a message per chunk
+of a streamed one, of which only the first (its first token) must be timed as it comes. So for
+an OpenAI API's request (usage in the body's `usage` object) the picker marks the request
+`x-epp-observe-via` beside its token: `access-log` for a non-streamed one, which the shipped
+Envoy configs then do not observe at all, `first-token` for a streamed one. A Lua filter marks the
+stream's dynamic metadata `epp.logged` as the response starts (the observer forwards it: the EPP
+ends a streamed response's observer after its first chunk), reads the `usage` object off the end
+of the body as it passes (never buffering it), and Envoy's gRPC access log sends one entry per
 such request to this service on the EPP's own port, batched (`buffer_flush_interval`): one
-message carries every entry of its interval. About 0.3 ms of EPP CPU per request less
-(BENCHMARKS.md).
+message carries every entry of its interval. About 0.3 ms of EPP CPU per plain request less, and
+a streamed one's chunks no longer reach the EPP (BENCHMARKS.md). An Envoy config without the
+Lua filter and the log runs the observer on every marked request to its end, as before.
 
 The pod's share of the request ends when the picking stream does (`Director.response_over`);
 what needs the usage (token fairness, the token metrics, the output-length model) waits for the
@@ -37,6 +41,7 @@ log = logging.getLogger("epp.extproc")
 
 METADATA_NAMESPACE = "epp"  # the Lua filter's dynamic metadata (`epp/local/envoy.py`)
 USAGE_KEY = "usage"
+LOGGED_KEY = "logged"  # set as the response starts: the access log will report it
 _MAX_USAGE_BYTES = 4096  # the Lua filter keeps the body's last 2 KiB; a usage object is ~150 bytes
 
 

@@ -22,8 +22,10 @@ and the shipped Envoy configs run the observer only on requests that carry the h
 picker's reply clears the route cache, so the route is chosen again on what it left): an observer
 stream costs the EPP about as much as the pick. So a non-streamed OpenAI-API response, whose only
 news is its usage, is also marked `x-epp-observe-via: access-log`, and the shipped configs report
-it through Envoy's access log instead, with the same token (`epp.extproc.access_log`); a config
-without the access log runs the observer on it as before. The observer's last chunks may be read
+it through Envoy's access log instead, with the same token (`epp.extproc.access_log`); a streamed
+one is marked `first-token`, and where the access log will report it (the observer's response
+headers carry `epp.logged`) the observer ends after the first chunk. A config without the access
+log runs the observer on every marked request to its end, as before. The observer's last chunks may be read
 after the picking stream ended; a request whose observer is attached then waits for it up to
 `grace` seconds before it is released. An observer stream that lands on another EPP (several
 EPP endpoints balanced per stream) or comes late finds no token and reports nothing: that
@@ -40,6 +42,8 @@ from typing import TYPE_CHECKING
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.api.headers import OBSERVE_TOKEN
+from epp.extproc.access_log import LOGGED_KEY
+from epp.extproc.access_log import METADATA_NAMESPACE as LOG_NAMESPACE
 
 if TYPE_CHECKING:
     from epp.extproc.stream import RequestStream
@@ -133,6 +137,7 @@ class ObserverStream:
         self.handoff = handoff
         self.picker: RequestStream | None = None
         self.ended = False
+        self.first_token_only = False
 
     def handle(self, message: pb.ProcessingRequest) -> None:
         kind = message.WhichOneof("request")
@@ -146,12 +151,17 @@ class ObserverStream:
                 return
             elif kind == "response_headers":
                 picker.response_headers_seen(message)
+                # Envoy's access log will report the usage and the end: only the first token is ours.
+                self.first_token_only = _logged(message)
                 if message.response_headers.end_of_stream:
                     self._end()
             elif kind == "response_body":
-                picker.response_chunk_seen(message.response_body.body, message.response_body.end_of_stream)
-                if message.response_body.end_of_stream:
+                body = message.response_body
+                picker.response_chunk_seen(body.body, body.end_of_stream)
+                if body.end_of_stream:
                     self._end()
+                elif body.body and self.first_token_only:
+                    self.ended = True  # the server ends the stream: Envoy sends it no more chunks
             elif kind == "response_trailers":
                 self._end()
         except Exception:
@@ -178,3 +188,10 @@ class ObserverStream:
         self.ended = True
         if self.picker is not None:
             self.picker.response_ended()
+
+
+def _logged(message: pb.ProcessingRequest) -> bool:
+    """Whether the message carries the access log's mark (the Lua filter's `epp.logged`,
+    forwarded to the observer: `metadata_options` in the shipped Envoy configs)."""
+    metadata = message.metadata_context.filter_metadata
+    return LOG_NAMESPACE in metadata and LOGGED_KEY in metadata[LOG_NAMESPACE].fields

@@ -19,11 +19,13 @@ from collections.abc import Callable
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA, PATH_HEADERS, REQUEST_ID, VIA_ACCESS_LOG
+from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA, PATH_HEADERS, REQUEST_ID, VIA_ACCESS_LOG, VIA_FIRST_TOKEN
 from epp.api.request import InferenceRequest, api_for_path, parse_request
 from epp.api.response import ResponseObserver, observer_for, rewrite_model_name
 from epp.errors import Code, EppError
 from epp.extproc import messages
+from epp.extproc.access_log import LOGGED_KEY
+from epp.extproc.access_log import METADATA_NAMESPACE as LOG_NAMESPACE
 from epp.extproc.observer import Handoff
 from epp.observability.trace import DEBUG_HEADER
 from epp.requestcontrol.director import Decision, Director, RequestRecord
@@ -124,7 +126,7 @@ class RequestStream:
         or, if an observer stream is still reporting the response, once it has ended."""
         record = self.record
         if self.token and self.handoff is not None and record is not None and not record.released:
-            if self.logged and not self.observer_attached:
+            if self.logged:
                 self.director.response_over(record)  # the pod is done with it; its usage comes later
             if self.handoff.picker_closed(self, self.token):
                 return
@@ -217,12 +219,15 @@ class RequestStream:
                 and request is not None and request.body is not None and self.handoff.wanted(request.stream)):
             self.token = self.handoff.expect(self)  # no response phase here: an observer reports it
             set_headers[OBSERVE_TOKEN] = self.token
-            if not request.stream and not request.api.native:  # usage in its body's `usage` object
-                self.logged = True
-                set_headers[OBSERVE_VIA] = VIA_ACCESS_LOG
+            if not request.api.native:  # usage in its body's `usage` object
+                if request.stream:  # the observer for its first token, the log (if any) the rest
+                    set_headers[OBSERVE_VIA] = VIA_FIRST_TOKEN
+                else:
+                    self.logged = True
+                    set_headers[OBSERVE_VIA] = VIA_ACCESS_LOG
         elif OBSERVE_TOKEN in self.headers:
             remove.append(OBSERVE_TOKEN)
-        if OBSERVE_VIA in self.headers and not self.logged:
+        if OBSERVE_VIA in self.headers and OBSERVE_VIA not in set_headers:
             remove.append(OBSERVE_VIA)
         return set_headers, remove
 
@@ -241,6 +246,8 @@ class RequestStream:
         the served endpoint; returns the headers plugins want added (an observer cannot)."""
         if self.observer is not None:
             return {}  # seen already (the picker's response headers, then its observer's)
+        if _struct_field(message, LOG_NAMESPACE, LOGGED_KEY) is not None and self.token:
+            self.logged = True  # Envoy's access log will report its usage and end (`access_log`)
         headers = _headers(message.response_headers)
         status = headers.get(":status", "200")
         self.response_status = int(status) if status.isdigit() else 0

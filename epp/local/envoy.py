@@ -4,11 +4,11 @@ The bootstrap follows the reference's test configuration for the request (an ext
 with FULL_DUPLEX_STREAMED request bodies, an ORIGINAL_DST upstream cluster routed on the
 `x-gateway-destination-endpoint` header the EPP sets) but, by default, keeps the response off
 the EPP: the picking filter has no response phase, and a second ext_proc filter in
-`observability_mode` reports the response headers, body chunks and end to the EPP without Envoy
-waiting for it (`epp/extproc/observer.py`), on the streamed requests the EPP marks `x-epp-observe`;
-a non-streamed response (marked `x-epp-observe-via: access-log` too) is reported by Envoy's gRPC
-access log instead, its `usage` read off the body's end by a Lua filter
-(`epp/extproc/access_log.py`); the picking filter's `response_trailer_mode: SEND` keeps
+`observability_mode` reports a streamed response's first token to the EPP without Envoy waiting
+for it (`epp/extproc/observer.py`), on the streamed requests the EPP marks `x-epp-observe`; every
+marked response's usage comes in Envoy's gRPC access log, read off the body's end by a Lua filter
+(`epp/extproc/access_log.py`), and a non-streamed one (marked `x-epp-observe-via: access-log`)
+has no observer at all; the picking filter's `response_trailer_mode: SEND` keeps
 its stream open until the response ends, which is when the EPP releases the request. Requests that carry `x-gateway-model-name-rewrite`
 take a route whose picking filter does see the response, so the EPP can write the client's model
 name back into it. `response_body_mode="FULL_DUPLEX_STREAMED"` renders the reference's config
@@ -68,12 +68,15 @@ OBSERVER_FILTER = "epp-response-observer"
 PICKER_FILTER = "envoy.filters.http.ext_proc"
 USAGE_FILTER = "epp-usage-reader"
 USAGE_LOG = "epp-response-log"
-# The Lua filter of the non-streamed responses the access log reports: the last 2 KiB of the body
-# (only the tail of each chunk is copied into Lua), and in it the last `"usage": {...}` object
-# (a quote inside a JSON string is escaped, so no generated text matches), into the stream's
-# dynamic metadata, which the access-log entry carries (`epp.extproc.access_log`).
+# The Lua filter of the responses the access log reports: `logged` in the stream's dynamic
+# metadata at once (the observer, which sees the response after this filter, forwards it: the EPP
+# then knows the log will bring the usage and needs only a streamed response's first token), then
+# the last 2 KiB of the body (only the tail of each chunk is copied into Lua), and in it the last
+# `"usage": {...}` object (a quote inside a JSON string is escaped, so no generated text matches),
+# into the metadata the access-log entry carries (`epp.extproc.access_log`).
 USAGE_LUA = """\
 function envoy_on_response(handle)
+  handle:streamInfo():dynamicMetadata():set("epp", "logged", "1")
   local tail = ""
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
@@ -92,16 +95,17 @@ function envoy_on_response(handle)
 end"""
 
 
-def _skip_when(header: str, present: bool) -> str:
+def _skip_when(header: str, present: bool, value: str = ".+") -> str:
     """An `xds_matcher` list entry (at the shipped filters' indent) that skips the filter when the
-    request header is present (`present`) or absent, as the picker left the headers."""
+    request header is present (`present`; with a value matching `value`) or absent, as the
+    picker left the headers."""
     match = f"""single_predicate:
                         input:
                           name: {header}
                           typed_config:
                             "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
                             header_name: {header}
-                        value_match: {{safe_regex: {{google_re2: {{}}, regex: ".+"}}}}"""
+                        value_match: {{safe_regex: {{google_re2: {{}}, regex: "{value}"}}}}"""
     if not present:
         match = "not_matcher:\n                        " + match.replace("\n", "\n  ")
     return f"""
@@ -180,7 +184,7 @@ class EnvoyConfig:
               xds_matcher:
                 matcher_list:
                   matchers:{_skip_when("x-epp-observe", present=False)}
-                  # Nor on those whose response the access log reports (x-epp-observe-via).{_skip_when("x-epp-observe-via", present=True)}
+                  # Nor on those whose response the access log reports (x-epp-observe-via).{_skip_when("x-epp-observe-via", present=True, value="access-log")}
               extension_config:
                 name: {OBSERVER_FILTER}
                 typed_config:
@@ -191,6 +195,7 @@ class EnvoyConfig:
                   failure_mode_allow: true
                   observability_mode: true
                   deferred_close_timeout: 10s
+                  metadata_options: {{forwarding_namespaces: {{untyped: [epp]}}}}
                   processing_mode:
                     request_header_mode: SEND
                     response_header_mode: SEND

@@ -57,6 +57,18 @@ class RequestRecord:
     admitted: bool = False  # went through `Admission.run`, which is told when it ends
     decision: DecisionRecord | None = None  # the trace entry, for the debug response header
     outstanding: Outstanding | None = None  # its entry in the endpoint's ledger
+    decode_seen: DecodeSeen | None = None  # a streamed response's decode, from its end to its usage
+
+
+@dataclass(slots=True)
+class DecodeSeen:
+    """What the ledger saw of a streamed response's decode, from its first byte to its end."""
+
+    window: float  # seconds
+    decode_integral: float  # decoding requests x seconds
+    context_integral: float  # context tokens x seconds
+    prefill_tokens: float  # prefill computed there meanwhile
+    counted_steps: float  # steps the ledger counted (-1: not counted)
 
 
 class SharedAccounting(Protocol):
@@ -331,24 +343,37 @@ class Director:
                 met = now - record.request.received_at <= slo
                 self.metrics.slo_outcome(record.request, "met" if met else "missed")
 
-    def _learn_decode(self, record: RequestRecord, usage: Usage | None, now: float) -> None:
-        """A streamed response ended: its mean inter-token latency against the batch it decoded
-        in (the ledger's time integrals since its first byte) teaches the step part."""
+    @staticmethod
+    def _decode_seen(record: RequestRecord, now: float) -> DecodeSeen | None:
+        """A streamed response ended: what the ledger saw of its decode since its first byte (its
+        time integrals; the steps it counted), for its usage to teach the step part."""
         item, endpoint = record.outstanding, record.endpoint
-        if (item is None or endpoint is None or usage is None or record.error_code or item.first_token < 0
-                or usage.completion_tokens < 2):
-            return
+        if item is None or endpoint is None or record.error_code or item.first_token < 0:
+            return None
         window = now - item.mark_time
         if window <= 0.0:
+            return None
+        load = endpoint.load
+        return DecodeSeen(window, load.decode_integral - item.mark_decode_integral,
+                          load.context_integral - item.mark_context_integral,
+                          load.prefill_total - item.mark_prefill_total,
+                          load.steps - item.first_step if item.first_step >= 0.0 else -1.0)
+
+    @staticmethod
+    def _learn_decode(record: RequestRecord, seen: DecodeSeen | None, usage: Usage | None) -> None:
+        """Its mean inter-token latency against the batch it decoded in teaches the step part;
+        the steps it had correct the pace of the ledger's step count."""
+        endpoint = record.endpoint
+        if seen is None or endpoint is None or usage is None or record.error_code or usage.completion_tokens < 2:
             return
         load, service = endpoint.load, endpoint.service
         steps = usage.completion_tokens - 1
-        decoding = (load.decode_integral - item.mark_decode_integral) / window
-        context = (load.context_integral - item.mark_context_integral) / window
-        prefill_per_step = (load.prefill_total - item.mark_prefill_total) / steps
-        step_feature, prefill_feature = service.itl_features(decoding, context, prefill_per_step)
+        window = seen.window
+        step_feature, prefill_feature = service.itl_features(seen.decode_integral / window,
+                                                             seen.context_integral / window,
+                                                             seen.prefill_tokens / steps)
         service.observe(step_feature, prefill_feature, window / steps)
-        load.observe_steps(item, steps, now)
+        load.observe_step_count(seen.counted_steps, steps)
 
     def on_response_headers(self, record: RequestRecord, served: str) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -379,6 +404,8 @@ class Director:
         now = self.datastore.clock()
         if not record.over:
             self._end_on_pod(record, usage, now)
+        elif record.decode_seen is not None:  # its usage came after its end
+            self._learn_decode(record, record.decode_seen, usage)
         if usage is not None and not record.error_code and record.request.body is not None:
             self.datastore.models.get(record.request.target_model).observe(
                 len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)
@@ -407,7 +434,9 @@ class Director:
             load = endpoint.load
             load.settle(now)
             if record.request.stream:
-                self._learn_decode(record, usage, now)
+                record.decode_seen = self._decode_seen(record, now)
+                if usage is not None:
+                    self._learn_decode(record, record.decode_seen, usage)
             load.release(record.outstanding, now)
             _pace(endpoint)
         if self.shared is not None:

@@ -13,9 +13,11 @@ relayed the same way (`LOGGED`).
 
 The relay is a Unix datagram socket per worker in the pod's private directory: reliable and
 ordered on Linux, the owner's event loop wakes on arrival (a first token is timed when it
-arrives, not on a timer), and a sender never blocks — a datagram that finds the owner's buffer
-full is dropped (that request's first token or usage is not learned, as when an observer lands
-on another replica) and counted. Chunks larger than one datagram are split.
+arrives, not on a timer), and a sender never blocks — a datagram that finds the owner's queue
+full (Linux queues 10 per socket; an access-log batch relays dozens at once) waits in order and
+is retried every millisecond, up to a bound beyond which it is dropped (that request's first
+token or usage is not learned, as when an observer lands on another replica) and counted.
+Chunks larger than one datagram are split.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import secrets
 import socket
 import struct
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +49,8 @@ _TOKEN_CHARS = _PREFIX_CHARS + 2 * _RANDOM_BYTES
 _HEADER = struct.Struct("<BB")  # kind, end of stream (chunks)
 _MAX_DATAGRAM = 60 << 10  # well under Linux's default AF_UNIX datagram limit
 _LOGGED = struct.Struct("<HQ")  # an access-log report: status, response bytes (then the usage)
+_MAX_BACKLOG = 4096  # datagrams waiting for one owner's queue; beyond, dropped (counted)
+_RETRY_SECONDS = 0.001
 
 
 def socket_path(directory: str, member: int) -> str:
@@ -131,10 +136,14 @@ class Relay:
         self.handoff: MemberHandoff | None = None
         self.sent = 0
         self.received = 0
-        self.dropped = 0  # datagrams that found the owner's buffer full or its socket gone
+        self.dropped = 0  # datagrams that found the owner's backlog full or its socket gone
         self._out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._out.setblocking(False)
         self._transport: asyncio.DatagramTransport | None = None
+        # Per owner, in order, what its queue would not take yet: Linux queues only
+        # net.unix.max_dgram_qlen (10) datagrams per socket, and an access-log batch relays dozens.
+        self._backlog: dict[int, deque[bytes]] = {}
+        self._retry: asyncio.TimerHandle | None = None
 
     async def start(self, handoff: MemberHandoff) -> None:
         self.handoff = handoff
@@ -149,17 +158,57 @@ class Relay:
             lambda: _Inbox(self), sock=inbox)
 
     def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._backlog.clear()
         if self._transport is not None:
             self._transport.close()
             self._transport = None
         self._out.close()
 
     def send(self, owner: int, datagram: bytes) -> None:
+        """To `owner`'s socket, after what is waiting for it; a datagram its queue does not take
+        now waits (bounded: `_MAX_BACKLOG`, then dropped) and is retried every millisecond."""
+        waiting = self._backlog.get(owner)
+        if waiting:
+            if len(waiting) >= _MAX_BACKLOG:
+                self.dropped += 1
+            else:
+                waiting.append(datagram)
+            return
         try:
             self._out.sendto(datagram, socket_path(self.directory, owner))
             self.sent += 1
-        except OSError:  # full (EAGAIN), or the owner is restarting: this observation is lost
+        except BlockingIOError:  # its queue is full: retry shortly
+            self._backlog[owner] = deque([datagram])
+            self._schedule_retry()
+        except OSError:  # the owner is restarting: this observation is lost
             self.dropped += 1
+
+    def _schedule_retry(self) -> None:
+        if self._retry is None and self._transport is not None:
+            self._retry = asyncio.get_running_loop().call_later(_RETRY_SECONDS, self._flush)
+
+    def _flush(self) -> None:
+        self._retry = None
+        for owner, waiting in list(self._backlog.items()):
+            path = socket_path(self.directory, owner)
+            while waiting:
+                try:
+                    self._out.sendto(waiting[0], path)
+                except BlockingIOError:
+                    break
+                except OSError:  # gone: everything waiting for it is lost
+                    self.dropped += len(waiting)
+                    waiting.clear()
+                    break
+                waiting.popleft()
+                self.sent += 1
+            if not waiting:
+                del self._backlog[owner]
+        if self._backlog:
+            self._schedule_retry()
 
     def received_datagram(self, data: bytes) -> None:
         handoff = self.handoff

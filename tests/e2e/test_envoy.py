@@ -119,9 +119,8 @@ async def test_streaming_response_is_accounted_and_released(stack: LocalStack) -
     assert b"data: [DONE]" in body and b'"usage"' in body
     await wait_for(lambda: inflight(stack) == 0)
     assert stack.picker is not None
-    text = stack.picker.metrics.registry.get_sample_value(
-        "inference_objective_output_tokens_count", {"model_name": FAST.model, "target_model_name": FAST.model})
-    assert text == 1
+    await wait_for(lambda: stack.picker.metrics.registry.get_sample_value(  # type: ignore[union-attr]
+        "inference_objective_output_tokens_count", {"model_name": FAST.model, "target_model_name": FAST.model}) == 1)
 
 
 async def test_client_disconnect_mid_body_leaves_no_inflight_count(stack: LocalStack) -> None:
@@ -164,8 +163,9 @@ del EndpointSpec, replace
 async def test_the_shipped_config_keeps_responses_off_the_epp_and_still_learns_the_first_token(
         stack: LocalStack) -> None:
     """The default Envoy config: the picking filter has no response phase, the observer filter
-    reports a streamed response's first token (the service model learns from it), usage and end;
-    Envoy's access log reports the non-streamed responses' usage (no observer stream for them)."""
+    reports a streamed response's first token (the service model learns from it) and ends there;
+    Envoy's access log reports every response's usage (no observer stream for a plain one), from
+    which a stream's inter-token latency is learned."""
     assert stack.envoy is not None and stack.envoy.config.observed
     assert stack.picker is not None
     before = sum(ep.service.observations for ep in stack.picker.datastore.endpoints())
@@ -177,9 +177,10 @@ async def test_the_shipped_config_keeps_responses_off_the_epp_and_still_learns_t
                 assert r.status == 200
                 await r.read()
     await wait_for(lambda: inflight(stack) == 0)
-    assert sum(ep.service.observations for ep in stack.picker.datastore.endpoints()) > before  # TTFT and ITL learned
-    assert stack.picker.metrics.registry.get_sample_value(
-        "inference_objective_output_tokens_sum", {"model_name": FAST.model, "target_model_name": FAST.model}) == 36
+    await wait_for(lambda: stack.picker.metrics.registry.get_sample_value(  # type: ignore[union-attr]
+        "inference_objective_output_tokens_sum", {"model_name": FAST.model, "target_model_name": FAST.model}) == 36)
+    learned = sum(ep.service.observations for ep in stack.picker.datastore.endpoints()) - before
+    assert learned == 6, learned  # each stream's TTFT (its first chunk) and ITL (its end and usage)
     stats = stack.envoy.stats("http.inference.ext_proc")
     assert stats and not any(v for k, v in stats.items() if "failed" in k or "timeout" in k), stats
     # Non-streamed responses: no observer stream; their usage comes in the access log's entries.
@@ -194,10 +195,10 @@ async def test_the_shipped_config_keeps_responses_off_the_epp_and_still_learns_t
     started = stack.envoy.stats("http.inference.ext_proc.streams_started")["http.inference.ext_proc.streams_started"]
     assert started == 11 + 3, started  # 11 picks and the 3 streamed responses' observers
     access_log = stack.picker.extproc.access_log
-    assert (access_log.reported, access_log.unmatched, stack.picker.extproc.handoff.late) == (8, 0, 0)
+    assert (access_log.reported, access_log.unmatched, stack.picker.extproc.handoff.late) == (11, 0, 0)
     assert len(stack.picker.extproc.handoff) == 0
     assert stack.picker.metrics.registry.get_sample_value("inference_extension_response_reports_total",
-                                                          {"outcome": "logged"}) == 8
+                                                          {"outcome": "logged"}) == 11
 
 
 async def test_a_rewritten_model_name_is_written_back_on_the_shipped_config(stack: LocalStack) -> None:

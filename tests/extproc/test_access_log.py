@@ -112,16 +112,35 @@ async def test_an_envoy_config_without_the_access_log_still_observes_plain_respo
         observer.cancel()
 
 
-async def test_a_streamed_request_is_observed_and_a_client_cannot_mark_it_for_the_log() -> None:
+async def test_a_streamed_request_is_observed_for_its_first_token_and_a_client_cannot_mark_it() -> None:
+    """A streamed request is marked `first-token`, whatever the client sent: its observer
+    reports the first token; where the access log reports the rest (the observer's messages
+    carry the Lua filter's `epp.logged`), the observer ends after the first chunk and the log's
+    entry brings the usage and ends the request."""
     async with running_picker() as picker, channel_to(picker) as channel:
         client = ExtProcClient(channel)
         body = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True})
         await client.send(picker_headers(**{VIA: "access-log"}), body_msg(body))
         reply, _ = await client.recv(2)
-        assert TOKEN in set_headers(reply) and VIA not in set_headers(reply)
-        assert VIA in list(reply.request_headers.response.header_mutation.remove_headers)
+        upstream = set_headers(reply)
+        assert upstream[VIA] == "first-token" and len(upstream[TOKEN]) == 16
+        from tests.extproc.client import headers_msg, request_headers, response_body_msg, response_headers_msg
+
+        observer = ExtProcClient(channel)
+        headers = observed(response_headers_msg({":status": "200", "content-type": "text/event-stream"}))
+        headers.metadata_context.filter_metadata["epp"].CopyFrom(
+            struct_pb2.Struct(fields={"logged": struct_pb2.Value(string_value="1")}))
+        await observer.send(observed(headers_msg(request_headers(**{TOKEN: upstream[TOKEN]}))), headers,
+                            observed(response_body_msg(b'data: {"choices":[{"text":"a"}]}\n\n')))
+        assert [r async for r in observer.call] == []  # the EPP ended the observer after the first token
+        stream = picker.extproc.handoff.claim(upstream[TOKEN])
+        assert stream is not None and stream.record is not None and stream.record.first_byte > 0
         await client.close()
-        await until(lambda: inflight(picker) == 0, "the release")
+        await until(lambda: inflight(picker) == 0, "the pod's share ended with the picking stream")
+        assert len(picker.extproc.handoff) == 1
+        await log(channel, entry(upstream[TOKEN]))
+        await until(lambda: len(picker.extproc.handoff) == 0, "the access log's report")
+        assert output_tokens(picker) == 3.0 and picker.extproc.handoff.late == 0
 
 
 def test_the_pods_share_ends_once_whether_the_usage_comes_with_the_end_or_after() -> None:

@@ -117,3 +117,18 @@ async def test_an_access_log_entry_on_another_worker_reports_to_the_picking_one(
         receiver.report(entry)
         await wait_for(lambda: bool(picker.seen), timeout=5, what="the relayed report")
         assert picker.seen == [("logged", (200, 1234, usage.encode()))] and receiver.reported == 1
+
+
+async def test_a_batch_of_entries_for_another_worker_arrives_whole(tmp_path: Path) -> None:
+    """An access-log batch relays dozens of reports at once, more than a Unix datagram socket
+    queues (10 on Linux): what does not fit waits and follows, in order; none is dropped."""
+    async with two_workers(tmp_path) as (relays, handoffs):
+        pickers = [Picker() for _ in range(64)]
+        tokens = [handoffs[0].expect(p) for p in pickers]  # type: ignore[arg-type]
+        for i, token in enumerate(tokens):
+            relayed = handoffs[1].claim(token)
+            assert relayed is not None
+            relayed.response_logged(200, i, b"{}")
+        await wait_for(lambda: all(p.seen for p in pickers), timeout=5, what="every relayed report")
+        assert [p.seen[0][1][1] for p in pickers] == list(range(64))
+        assert relays[1].dropped == 0 and relays[0].received == 64

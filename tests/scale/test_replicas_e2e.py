@@ -68,8 +68,10 @@ async def test_a_burst_split_between_two_replicas_does_not_herd(pods, replicas) 
         # Envoy's access log reports every plain response to every replica: each counts its own
         # picks' usage (and the other's entries as unmatched).
         await wait_for(lambda: _usage_counted(a, b, 64 * 400), what="every response's usage, on its replica")
-        logged = [await e.metric("inference_extension_response_reports_total", outcome="logged") for e in (a, b)]
-        assert logged == served, (logged, served)
+        reports = [{o: await e.metric("inference_extension_response_reports_total", outcome=o)
+                    for o in ("logged", "unmatched", "late")} for e in (a, b)]
+        assert [(r["logged"], r["unmatched"], r["late"]) for r in reports] == [
+            (served[0], served[1], 0), (served[1], served[0], 0)], reports
     finally:
         envoy.close()
 
