@@ -25,9 +25,9 @@ news is its usage, is also marked `x-epp-observe-via: access-log`, and the shipp
 it through Envoy's access log instead, with the same token (`epp.extproc.access_log`); a streamed
 one is marked `first-token`, and where the access log will report it (the observer's response
 headers carry `epp.logged`) the observer ends after the first chunk. A config without the access
-log runs the observer on every marked request to its end, as before. The observer's last chunks may be read
-after the picking stream ended; a request whose observer is attached then waits for it up to
-`grace` seconds before it is released. An observer stream that lands on another EPP (several
+log runs the observer on every marked request to its end, as before. The observer's last chunks
+may be read after the picking stream ended; a request whose observer is attached (or whose
+access-log entry is to come) then waits for it up to `grace` seconds before it is released. An observer stream that lands on another EPP (several
 EPP endpoints balanced per stream) or comes late finds no token and reports nothing: that
 request's first token and usage are not learned, its accounting is not affected.
 """

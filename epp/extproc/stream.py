@@ -296,7 +296,8 @@ class RequestStream:
         if record is None or record.released:
             return
         self.response_status = status
-        self.director.on_response_headers(record, "")
+        if self.observer is None:  # no observer saw its headers (a plain response)
+            self.director.on_response_headers(record, "")
         observer = observer_for(self.request, {}, False)
         if usage:
             observer.feed(b'{"usage":' + usage + b"}")

@@ -8,9 +8,9 @@ the EPP: the picking filter has no response phase, and a second ext_proc filter 
 for it (`epp/extproc/observer.py`), on the streamed requests the EPP marks `x-epp-observe`; every
 marked response's usage comes in Envoy's gRPC access log, read off the body's end by a Lua filter
 (`epp/extproc/access_log.py`), and a non-streamed one (marked `x-epp-observe-via: access-log`)
-has no observer at all; the picking filter's `response_trailer_mode: SEND` keeps
-its stream open until the response ends, which is when the EPP releases the request. Requests that carry `x-gateway-model-name-rewrite`
-take a route whose picking filter does see the response, so the EPP can write the client's model
+has no observer at all; the picking filter's `response_trailer_mode: SEND` keeps its stream open
+until the response ends, which is when the EPP releases the request. Requests that carry
+`x-gateway-model-name-rewrite` take a route whose picking filter does see the response, so the EPP can write the client's model
 name back into it. `response_body_mode="FULL_DUPLEX_STREAMED"` renders the reference's config
 instead (every response chunk through the EPP).
 
@@ -175,6 +175,7 @@ class EnvoyConfig:
               processing_mode:
 {_modes(self.request_body_mode, header_mode, self.response_body_mode, indent=16)}""" if self.with_ext_proc else ""
         if self.observed:
+            skip_logged = _skip_when("x-epp-observe-via", present=True, value="access-log")
             ext_proc += f"""
           - name: {OBSERVER_FILTER}
             typed_config:
@@ -184,7 +185,7 @@ class EnvoyConfig:
               xds_matcher:
                 matcher_list:
                   matchers:{_skip_when("x-epp-observe", present=False)}
-                  # Nor on those whose response the access log reports (x-epp-observe-via).{_skip_when("x-epp-observe-via", present=True, value="access-log")}
+                  # Nor on the plain ones the access log reports (x-epp-observe-via: access-log).{skip_logged}
               extension_config:
                 name: {OBSERVER_FILTER}
                 typed_config:
