@@ -115,6 +115,12 @@ class Handoff:
         stream = self._waiting.pop(token, None)
         if stream is not None:
             self.late += 1
+            if self.late == 1 or self.late % 1000 == 0:  # said, not repeated per request
+                log.warning("%d response(s) ended without their report within %.1f s (their usage is not counted): "
+                            "an observer stream that did not end, or an access-log entry that did not come "
+                            "(is Envoy's epp-response-log reaching this EPP?); "
+                            "inference_extension_response_reports_total{outcome=\"late\"} counts them",
+                            self.late, self.grace)
             stream.close_unobserved()
 
     def close(self) -> None:

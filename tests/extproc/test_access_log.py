@@ -81,13 +81,14 @@ async def test_an_entry_that_names_no_live_pick_or_carries_garbage_changes_nothi
         assert not output_tokens(picker)
 
 
-async def test_a_report_that_never_comes_is_waited_for_only_the_grace() -> None:
+async def test_a_report_that_never_comes_is_waited_for_only_the_grace(caplog) -> None:  # type: ignore[no-untyped-def]
     async with running_picker() as picker, channel_to(picker) as channel:
         picker.extproc.handoff.grace = 0.05
         client, upstream = await plain_pick(channel)
         await client.close()
         await until(lambda: len(picker.extproc.handoff) == 0, "the end after the grace")
         assert picker.extproc.handoff.late == 1 and inflight(picker) == 0
+        assert "epp-response-log" in caplog.text  # said once, with what to check
         await log(channel, entry(upstream[TOKEN]))  # too late: dropped
         assert picker.extproc.access_log.unmatched == 1 and not output_tokens(picker)
 
