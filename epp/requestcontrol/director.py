@@ -53,6 +53,7 @@ class RequestRecord:
     first_byte: float = 0.0
     released: bool = False
     over: bool = False  # the pod no longer carries it (`Director.response_over`); `released` may follow later
+    over_at: float = 0.0  # when (the request's duration ends there, not when its usage came)
     error_code: str = ""
     admitted: bool = False  # went through `Admission.run`, which is told when it ends
     decision: DecisionRecord | None = None  # the trace entry, for the debug response header
@@ -420,11 +421,12 @@ class Director:
             except Exception:  # a plugin must never leak the request's accounting
                 log.exception("response-complete plugin %s failed", plugin.name)
         if self.metrics and not record.error_code:
-            self.metrics.request_finished(record.request, usage, response_bytes, now - record.start)
+            self.metrics.request_finished(record.request, usage, response_bytes, record.over_at - record.start)
 
     def _end_on_pod(self, record: RequestRecord, usage: Usage | None, now: float) -> None:
         """What the pod carried for the request: in flight, its ledger entry, the running gauge."""
         record.over = True
+        record.over_at = now
         endpoint = record.endpoint
         if endpoint is None:
             return
