@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from types import SimpleNamespace
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from epp.api.headers import OBSERVE_TOKEN, OBSERVE_VIA, VIA_ACCESS_LOG, VIA_FIRST_TOKEN
 from epp.extproc import access_log, messages
-from epp.extproc.access_log import AccessLogReceiver
+from epp.extproc.access_log import AccessLogReceiver, logged
+from epp.extproc.observer import Handoff
 
 
 class Floor(pb_grpc.ExternalProcessorServicer):
@@ -41,7 +43,7 @@ class Floor(pb_grpc.ExternalProcessorServicer):
             kind = m.WhichOneof("request")
             if m.observability_mode:
                 if kind == "response_headers":  # as the EPP: the access log brings the rest
-                    first_token_only = "epp" in m.metadata_context.filter_metadata
+                    first_token_only = logged(m)
                 if kind == "response_body" and (m.response_body.end_of_stream or first_token_only) \
                         or kind == "response_trailers":
                     return
@@ -66,15 +68,6 @@ class Floor(pb_grpc.ExternalProcessorServicer):
                 yield messages.response_trailers_response()
 
 
-class _NoPicks:
-    """The access-log entries' lookup: the floor keeps no picks, so each entry is read and dropped."""
-
-    class handoff:  # noqa: N801 (stands in for the ExternalProcessor's attribute)
-        @staticmethod
-        def claim(token: str) -> None:
-            return None
-
-
 def add_to_server(floor: Floor, server: grpc.aio.Server) -> None:
     """With the EPP's serializer (`epp.extproc.server.add_to_server`): replies already written as
     bytes, as the EPP writes its request-path replies, so the floor builds no more than the EPP."""
@@ -82,7 +75,8 @@ def add_to_server(floor: Floor, server: grpc.aio.Server) -> None:
                                                     response_serializer=messages.serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}),))
-    access_log.add_to_server(AccessLogReceiver(_NoPicks()), server)  # type: ignore[arg-type]
+    # The floor keeps no picks: each entry is read, finds no token and is dropped.
+    access_log.add_to_server(AccessLogReceiver(SimpleNamespace(handoff=Handoff())), server)  # type: ignore[arg-type]
 
 
 async def serve(port_file: Path, endpoints: list[str]) -> None:

@@ -45,6 +45,13 @@ LOGGED_KEY = "logged"  # set as the response starts: the access log will report 
 _MAX_USAGE_BYTES = 4096  # the Lua filter keeps the body's last 2 KiB; a usage object is ~150 bytes
 
 
+def logged(message: object) -> bool:
+    """Whether an ext_proc message carries the Lua filter's mark (`epp.logged`: the access log
+    will report this response), forwarded by the observer filter's `metadata_options`."""
+    metadata = message.metadata_context.filter_metadata  # type: ignore[attr-defined]
+    return METADATA_NAMESPACE in metadata and LOGGED_KEY in metadata[METADATA_NAMESPACE].fields
+
+
 class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
     """`envoy.service.accesslog.v3.AccessLogService` on the EPP's gRPC port."""
 

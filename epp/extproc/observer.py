@@ -27,9 +27,10 @@ one is marked `first-token`, and where the access log will report it (the observ
 headers carry `epp.logged`) the observer ends after the first chunk. A config without the access
 log runs the observer on every marked request to its end, as before. The observer's last chunks
 may be read after the picking stream ended; a request whose observer is attached (or whose
-access-log entry is to come) then waits for it up to `grace` seconds before it is released. An observer stream that lands on another EPP (several
-EPP endpoints balanced per stream) or comes late finds no token and reports nothing: that
-request's first token and usage are not learned, its accounting is not affected.
+access-log entry is to come) then waits for it up to `grace` seconds before it is released. An
+observer stream that lands on another EPP (several EPP endpoints balanced per stream) or comes
+late finds no token and reports nothing: that request's first token and usage are not learned,
+its accounting is not affected.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ from typing import TYPE_CHECKING
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.api.headers import OBSERVE_TOKEN
-from epp.extproc.access_log import LOGGED_KEY
-from epp.extproc.access_log import METADATA_NAMESPACE as LOG_NAMESPACE
+from epp.extproc.access_log import logged
 
 if TYPE_CHECKING:
     from epp.extproc.stream import RequestStream
@@ -158,7 +158,7 @@ class ObserverStream:
             elif kind == "response_headers":
                 picker.response_headers_seen(message)
                 # Envoy's access log will report the usage and the end: only the first token is ours.
-                self.first_token_only = _logged(message)
+                self.first_token_only = logged(message)
                 if message.response_headers.end_of_stream:
                     self._end()
             elif kind == "response_body":
@@ -195,9 +195,3 @@ class ObserverStream:
         if self.picker is not None:
             self.picker.response_ended()
 
-
-def _logged(message: pb.ProcessingRequest) -> bool:
-    """Whether the message carries the access log's mark (the Lua filter's `epp.logged`,
-    forwarded to the observer: `metadata_options` in the shipped Envoy configs)."""
-    metadata = message.metadata_context.filter_metadata
-    return LOG_NAMESPACE in metadata and LOGGED_KEY in metadata[LOG_NAMESPACE].fields

@@ -24,8 +24,7 @@ from epp.api.request import InferenceRequest, api_for_path, parse_request
 from epp.api.response import ResponseObserver, observer_for, rewrite_model_name
 from epp.errors import Code, EppError
 from epp.extproc import messages
-from epp.extproc.access_log import LOGGED_KEY
-from epp.extproc.access_log import METADATA_NAMESPACE as LOG_NAMESPACE
+from epp.extproc.access_log import logged
 from epp.extproc.observer import Handoff
 from epp.observability.trace import DEBUG_HEADER
 from epp.requestcontrol.director import Decision, Director, RequestRecord
@@ -246,7 +245,7 @@ class RequestStream:
         the served endpoint; returns the headers plugins want added (an observer cannot)."""
         if self.observer is not None:
             return {}  # seen already (the picker's response headers, then its observer's)
-        if _struct_field(message, LOG_NAMESPACE, LOGGED_KEY) is not None and self.token:
+        if self.token and logged(message):
             self.logged = True  # Envoy's access log will report its usage and end (`access_log`)
         headers = _headers(message.response_headers)
         status = headers.get(":status", "200")
