@@ -13,7 +13,8 @@ import pytest
 
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSpec, ModelStats, Outstanding, StepCosts
 from epp.datastore.service_model import ServiceModel
-from epp.scheduling.plugins.predicted_latency_producer import PredictedLatencyProducer
+from epp.scheduling.plugins.predicted_latency_producer import (_KV_FULL, PredictedLatencyProducer, _full_with_queue,
+                                                               _kv_states, _kv_utilization)
 from epp.scheduling.prefix_match import PrefixMatch
 from epp.datastore import Datastore
 
@@ -93,3 +94,14 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
         assert got == producer._predict(ep, match, prompt, output, now, stats, "src", arrivals, model,
                                         producer.assumed_batch_limit(endpoints), certainty, kv_floor,
                                         kv_pressure, kv_forecast), ep.name
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_kv_states_are_the_utilisations_and_counts_on_random_states(seed: int) -> None:
+    rng = random.Random(seed)
+    now = 1000.0
+    endpoints = [random_endpoint(rng, i, now) for i in range(rng.randint(1, 30))]
+    uses, with_room, full = _kv_states(endpoints)
+    assert uses == [_kv_utilization(ep) for ep in endpoints]
+    assert with_room == sum(1 for u in uses if u < _KV_FULL)
+    assert full == sum(1 for ep in endpoints if _full_with_queue(ep.metrics))

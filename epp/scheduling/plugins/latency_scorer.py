@@ -103,7 +103,7 @@ class LatencyScorer(Scorer):
     def score(self, cycle: CycleState, request: InferenceRequest, endpoints: list[Endpoint]) -> list[float]:
         predictions = cycle.predictions
         found = [predictions.get(ep.address) for ep in endpoints]
-        if None in found:
+        if any(p is None for p in found):  # (not `None in found`: that calls each prediction's __eq__)
             return [0.0] * len(endpoints)
         costs = [c if c > _FLOOR else _FLOOR for c in [p.cost for p in found]]  # type: ignore[union-attr]
         within = self._within_bound(found)  # type: ignore[arg-type]

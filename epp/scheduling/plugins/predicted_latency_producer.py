@@ -154,6 +154,7 @@ from epp.scheduling.prediction import Prediction
 from epp.scheduling.prefix_match import PrefixMatch
 
 if TYPE_CHECKING:
+    from epp.datastore.service_model import ServiceModel
     from epp.plugin import PluginContext
 
 _MS = 1e-3
@@ -315,9 +316,8 @@ class PredictedLatencyProducer(DataProducer):
         source = self.prefix_producer.name if match is not None and self.prefix_producer is not None else ""
         # A pod's KV counts as its utilisation while at least half the candidates have room in
         # theirs (below `_KV_FULL`): only then is there somewhere else to go (`_kv_utilization`).
-        kv_uses = [_kv_utilization(ep) for ep in endpoints]
-        kv_floor = self.kv_utilization and sum(1 for u in kv_uses if u < _KV_FULL) * 2 >= len(endpoints)
-        full = sum(1 for ep in endpoints if _full_with_queue(ep.metrics))
+        kv_uses, with_room, full = _kv_states(endpoints)
+        kv_floor = self.kv_utilization and with_room * 2 >= len(endpoints)
         if full:
             self._kv_full_at = now
         # The pool's caches bind while a candidate was full with a queue lately (`_kv_filling_charge`).
@@ -578,11 +578,14 @@ class PredictedLatencyProducer(DataProducer):
         held, best = _holders(endpoints, found, matched, max(matched.values()))
         if best is None:
             return
-        holder = next(ep for ep, p in zip(endpoints, found) if p is best)
+        holder = next(ep for ep, p in zip(endpoints, found) if p is best).service
+        # (`_own_prefill_seconds` on the holder, inline)
+        scale, per_token, per_pair = holder.prefill_scale, holder.prior.per_prefill_token, holder.prior.per_attention_pair
         for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
-            premium = self._own_prefill_seconds(holder, p.own_prefill, p.cached_tokens) - best.prefill_work_seconds
+            own = p.own_prefill
+            premium = scale * (per_token * own + per_pair * own * (p.cached_tokens + own * 0.5)) - best.prefill_work_seconds
             factor = _SATURATED
             if young:  # at the candidate's prefill load now: the share of its next step its queue fills
                 u = min(_MAX_UTILIZATION, p.queued_prefill / ep.service.prior.max_batched_tokens)
@@ -639,7 +642,7 @@ class PredictedLatencyProducer(DataProducer):
         slot_charging = self.slot_charge
         kv_timing = self.kv_time_charge
         assumed_seqs = self.assumed_batch_limit(endpoints)
-        exp = math.exp
+        exp, ceil = math.exp, math.ceil
         if match is not None:
             per_block = match.tokens_per_block or match.block_size_tokens
             matched, weighted, evicted_tokens = match.matched, match.weighted, match.evicted_tokens
@@ -648,16 +651,19 @@ class PredictedLatencyProducer(DataProducer):
         append = out.append
         if kv_uses is None:
             kv_uses = [_kv_utilization(ep) for ep in endpoints]
+        configured_seqs = self.prior.max_num_seqs
         for ep, kv_use in zip(endpoints, kv_uses):
             load, service, metrics = ep.load, ep.service, ep.metrics
-            capacity = metrics.kv_capacity_tokens
+            capacity = metrics.cache_num_blocks * metrics.cache_block_size  # .kv_capacity_tokens
             prior = service.prior
             if match is not None:
                 address = ep.address
                 credit = weighted.get(address) if weighted else None
                 if credit is None:
                     credit = float(matched.get(address, 0))
-                cached = min(int(credit * per_block), prompt - 1)
+                cached = int(credit * per_block)
+                if cached > prompt - 1:
+                    cached = prompt - 1
                 evicted = evicted_tokens.get(address, 0) if evicted_tokens else 0
                 share = recompute_share.get(address) if recompute_share else None
                 recompute = int(cached * share) if share else 0
@@ -667,13 +673,20 @@ class PredictedLatencyProducer(DataProducer):
             decoding = float(load.decoding)
             context = float(load.context_tokens)
             waiting_queue = metrics.waiting_queue_size
-            unexplained = max(0, waiting_queue + metrics.running_requests - load.requests_at_scrape)
+            unexplained = waiting_queue + metrics.running_requests - load.requests_at_scrape
+            if unexplained < 0:
+                unexplained = 0
             running_output = float(load.decode_output)
             if unexplained:
                 decoding += unexplained
                 context += unexplained * unexplained_context
                 running_output += unexplained * mean_output
-            queued = load.backlog_at(now) if load.pending else max(0.0, float(load.prefill_backlog))
+            if load.pending:
+                queued = load.backlog_at(now)
+            else:
+                queued = float(load.prefill_backlog)
+                if not queued > 0.0:
+                    queued = 0.0
             ledger_queued = queued
             if waiting_queue > load.pending_at_scrape:
                 queued += (waiting_queue - load.pending_at_scrape) * mean_prompt
@@ -683,8 +696,12 @@ class PredictedLatencyProducer(DataProducer):
             overhead, per_seq, per_context = prior.overhead, prior.per_decode_seq, prior.per_context_token
             per_prefill = prior.per_prefill_token
             prefill_tokens = queued + own
-            budget = max(1.0, prior.max_batched_tokens - decoding)
-            steps = max(1, math.ceil(prefill_tokens / budget))
+            budget = prior.max_batched_tokens - decoding
+            if not budget > 1.0:
+                budget = 1.0
+            steps = ceil(prefill_tokens / budget)
+            if steps < 1:
+                steps = 1
             waits = steps + (0.5 if decoding > 0 else 0.0)
             step_feature = waits * (overhead + per_seq * decoding + per_context * context)
             prefill_feature = per_prefill * prefill_tokens + prior.per_attention_pair * pairs
@@ -693,16 +710,35 @@ class PredictedLatencyProducer(DataProducer):
             slots = 1
             if decoding > 0.0:
                 ending_output = running_output / decoding  # of the requests running there
-                slots = ep.batch_limit.limit(assumed_seqs, self.prior.max_num_seqs)
+                batch_limit = ep.batch_limit  # BatchLimit.limit, inline
+                most_running = batch_limit.most_running
+                if batch_limit.taken:
+                    slots = most_running
+                elif configured_seqs and most_running > assumed_seqs:
+                    slots = configured_seqs if configured_seqs >= most_running else most_running
+                else:
+                    slots = assumed_seqs if assumed_seqs >= most_running else most_running
                 if load.requests + unexplained >= slots:
                     wait, paced_wait, ranked_only = self._slot_wait(ep, decoding, context, ending_output, unexplained,
                                                                     assumed_seqs, now, length_certainty)
                     slot_wait = wait
-                if capacity > 0:
-                    kv_wait = self._kv_wait(ep, own, load.unallocated(queued), prefill_seconds, decoding,
-                                            context, ending_output)
-                    wait += kv_wait
-                    paced_wait += kv_wait
+                if capacity > 0:  # _kv_wait and _kv_free_tokens, inline
+                    used = metrics.kv_cache_usage * capacity
+                    if not used > 0.0:
+                        used = 0.0
+                    footprint = load.footprint_tokens
+                    grown = footprint - load.footprint_at_scrape
+                    if grown > 0:
+                        used += grown
+                    ahead = queued - (load.prefill_total - load.prefill_total_at_scrape)  # load.unallocated
+                    if not ahead > 0.0:
+                        ahead = 0.0
+                    short = ahead + own - (capacity - used)
+                    if short > 0.0:
+                        kv_wait = self._kv_short_wait(load, service, short, prefill_seconds, decoding, context,
+                                                      ending_output)
+                        wait += kv_wait
+                        paced_wait += kv_wait
             if model and metrics.max_active_models > 0:
                 wait += self._adapter_wait(ep, model, decoding, context, mean_output)
             step = step_scale * (overhead + per_seq * (decoding + 1.0) + per_context * (context + prompt))
@@ -713,26 +749,32 @@ class PredictedLatencyProducer(DataProducer):
             # EndpointLoad.utilization_at / prefill_utilization_at / rate_at, inline (one decay)
             work_rate, pick_rate, prefill_rate = load.work_rate, load.pick_rate, load.prefill_rate
             if work_rate > 0.0 or pick_rate > 0.0:
-                decay = exp(-max(0.0, now - load.rates_at) / LOAD_RATE_WINDOW) / coverage(load.rates_since, now)
+                age = now - load.rates_at
+                decay = exp(-(age if age > 0.0 else 0.0) / LOAD_RATE_WINDOW) / coverage(load.rates_since, now)
                 utilization = work_rate * decay if work_rate > 0.0 else 0.0
                 prefill_utilization = prefill_rate * decay if prefill_rate > 0.0 else 0.0
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
             else:
                 utilization = prefill_utilization = rate = 0.0
             kv_overflow = 0.0
-            if kv_floor:
-                utilization = max(utilization, kv_use)
+            if kv_floor and kv_use > utilization:
+                utilization = kv_use
             if capacity > 0:  # _kv_overflow, inline
-                kv_overflow = max(0.0, min(kv_use + (own + output) / capacity - 1.0,
-                                           (running_output * 0.5 + output) / capacity))
-            u = min(_MAX_UTILIZATION, utilization)
+                overflow = kv_use + (own + output) / capacity - 1.0
+                outputs = (running_output * 0.5 + output) / capacity
+                if outputs < overflow:
+                    overflow = outputs
+                if overflow > 0.0:
+                    kv_overflow = overflow
+            u = utilization if utilization < _MAX_UTILIZATION else _MAX_UTILIZATION
             busy = 1.0 / (1.0 - u)
             if kv_overflow > 0.0:
                 busy = max(busy, _BUSY_CAP * (1.0 + kv_overflow * _BUSY_CAP))
-            u_prefill = min(_MAX_UTILIZATION, prefill_utilization)
-            arrivals = max(rate, arrivals_per_pod)
+            u_prefill = prefill_utilization if prefill_utilization < _MAX_UTILIZATION else _MAX_UTILIZATION
+            arrivals = arrivals_per_pod if arrivals_per_pod > rate else rate
             lifetime = output * step
-            newcomer_waits = 0.5 + max(1, math.ceil(queued / budget))
+            queued_steps = ceil(queued / budget)
+            newcomer_waits = 0.5 + (queued_steps if queued_steps > 1 else 1)
             blocking = own_seconds * (own - budget) / own if own > budget else 0.0
             externality = (newcomer_waits * share * arrivals * lifetime * busy
                            + (own_seconds * u_prefill + rate * blocking * blocking * 0.5) / (1.0 - u_prefill))
@@ -766,7 +808,7 @@ class PredictedLatencyProducer(DataProducer):
             recompute_seconds = 0.0
             if extra > 0:
                 tokens = prefill_tokens + extra
-                waits_x = max(1, math.ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
+                waits_x = max(1, ceil(tokens / budget)) + (0.5 if decoding > 0 else 0.0)
                 ttft = (step_scale * (waits_x * (overhead + per_seq * decoding + per_context * context))
                         + prefill_scale * (per_prefill * tokens + prior.per_attention_pair * pairs)) + reported_wait
                 recompute_seconds = ttft - (prefill_seconds + reported_wait)
@@ -1145,9 +1187,13 @@ class PredictedLatencyProducer(DataProducer):
         short = ahead + own - free
         if short <= 0.0:
             return 0.0
-        load = ep.load
+        return self._kv_short_wait(ep.load, ep.service, short, prefill_seconds, decoding, context, mean_output)
+
+    def _kv_short_wait(self, load: EndpointLoad, service: ServiceModel, short: float, prefill_seconds: float,
+                       decoding: float, context: float, mean_output: float) -> float:
+        """`_kv_wait` once the prompt is `short` tokens of blocks: the admissions' time for them."""
         freed_per_request = load.footprint_tokens / load.requests if load.requests > 0 else context / decoding
-        step = ep.service.step_seconds(decoding, context)
+        step = service.step_seconds(decoding, context)
         freed_per_second = self._completions_per_second(step, decoding, mean_output) * freed_per_request
         return max(0.0, short / max(freed_per_second, 1.0) - prefill_seconds)
 
@@ -1230,11 +1276,20 @@ def _charge_evictions(endpoints: list[Endpoint], found: list[Prediction], now: f
     prediction does not change, only the ranking."""
     turnovers: list[float] = []
     for ep, p in zip(endpoints, found):
-        capacity = ep.metrics.kv_capacity_tokens
+        m, load = ep.metrics, ep.load
+        capacity = m.cache_num_blocks * m.cache_block_size  # .kv_capacity_tokens
         # Uncached tokens per second sent here: its prefill seconds per second, at its speed for a
-        # prompt of this length.
-        seconds = PredictedLatencyProducer._own_prefill_seconds(ep, p.prompt_tokens, 0)
-        tokens_per_second = ep.load.prefill_utilization_at(now) * p.prompt_tokens / seconds if seconds > 0.0 else 0.0
+        # prompt of this length (`_own_prefill_seconds` of it with nothing cached, inline).
+        prompt, service = p.prompt_tokens, ep.service
+        prior = service.prior
+        seconds = service.prefill_scale * (prior.per_prefill_token * prompt
+                                           + prior.per_attention_pair * prompt * (prompt * 0.5))
+        tokens_per_second = 0.0
+        if seconds > 0.0 and load.prefill_rate > 0.0:  # load.prefill_utilization_at(now), inline
+            age = now - load.rates_at
+            utilization = load.prefill_rate * (math.exp(-(age if age > 0.0 else 0.0) / LOAD_RATE_WINDOW)
+                                               / coverage(load.rates_since, now))
+            tokens_per_second = utilization * prompt / seconds
         turnovers.append(capacity / tokens_per_second if capacity > 0 and tokens_per_second > 0.0 else math.inf)
     if sum(1 for t in turnovers if t >= _REUSE_HORIZON) * 4 < len(turnovers):
         return
@@ -1306,6 +1361,30 @@ def _kv_utilization(ep: Endpoint) -> float:
     used = (max(m.kv_cache_usage, 0.0) * capacity + max(0, load.prefill_total - load.prefill_total_at_scrape)
             + load.decode_output * 0.5)
     return used / capacity
+
+
+def _kv_states(endpoints: list[Endpoint]) -> tuple[list[float], int, int]:
+    """Each candidate's `_kv_utilization`, how many are below `_KV_FULL` by it, and how many are
+    full with a queue (`_full_with_queue`): one pass, as every pick needs all three."""
+    uses: list[float] = []
+    with_room = full = 0
+    for ep in endpoints:
+        m = ep.metrics
+        capacity = m.cache_num_blocks * m.cache_block_size  # .kv_capacity_tokens
+        usage = m.kv_cache_usage
+        if m.waiting_queue_size > 0 and usage >= _KV_FULL:
+            full += 1
+        if capacity <= 0:
+            use = 0.0
+        else:  # _kv_utilization, inline
+            load = ep.load
+            grown = load.prefill_total - load.prefill_total_at_scrape
+            use = ((usage if usage > 0.0 else 0.0) * capacity + (grown if grown > 0 else 0)
+                   + load.decode_output * 0.5) / capacity
+        if use < _KV_FULL:
+            with_room += 1
+        uses.append(use)
+    return uses, with_room, full
 
 
 def _kv_overflow(ep: Endpoint, own: int, output: int, running_output: float) -> float:
