@@ -31,28 +31,8 @@ class Prediction:
     prefix_source: str = ""  # which producer gave the cache credit ("" when none)
     work_seconds: float = 0.0  # pod time the request costs: its prefill and its share of decode steps
     prefill_work_seconds: float = 0.0  # of `work_seconds`, its own prefill
-    copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
-    copy_reason: str = ""  # why: "busy" (holders' queue), "choice" / "young" (a second holder) or "faster" (a faster pod)
-    # Ranked on a saturated pool (every candidate's KV cache full with a queue): `cost` is
-    # `credited_ttft` (no externality) with `recompute_seconds`, and `saturation_charge`,
-    # seconds for a copy of a prefix its holders have (work the pool cannot absorb).
-    saturated: bool = False
-    saturation_charge: float = 0.0
-    # The KV tokens the request will hold there times the seconds it holds them (its uncached
-    # prompt and half its output, over its prefill and decode): what the pick adds to the pod's
-    # KV forecast (`EndpointLoad.kv_forecast_at`).
-    kv_token_seconds: float = 0.0
-    # `saturation_charge` set for a prefix in its first seconds of reuse rather than a saturated
-    # pool (its holder likely still computing it: `PredictedLatencyProducer._charge_copies`).
-    young_prefix: bool = False
-    # Set by `latency-scorer`'s TTFT bound (when configured): seconds this candidate's credited
-    # TTFT is beyond the bound (the fastest candidate's × the ratio + the slack) when it was left
-    # out of the ranking; and, on those kept, that the cheapest was left out (the bound made the pick).
-    beyond_bound: float = 0.0
-    ttft_bounded: bool = False
-    # The share of the pool's recent cold prompts that a later request asked for again
-    # (`ColdReuse`): the TTFT bound stays out at or above its `ttftBoundMaxReuse`.
-    cold_prompts_reused: float = 1.0
+    # (Up to `kv_token_seconds`, the fields `predict_all` sets for every candidate, in the order it
+    # passes them: by position, several times faster than by name for a class this wide.)
     # Of `cached_tokens`, those the pod is expected to compute again first (its requests in
     # flight pin more prefixes than its cache holds), and the queued ones' likewise: `ttft`
     # counts them; `credited_ttft` is the prediction with the whole credit, which `cost` and the
@@ -73,12 +53,6 @@ class Prediction:
     # The pod's queue at its measured first-token pace when that set `ttft` (a full KV cache with
     # a queue: the prediction is at least this; 0: it did not).
     drain_seconds: float = 0.0
-    # Added to `cost` for a cold prompt on such a pod while most of the pool has room: what the
-    # drain adds to `credited_ttft` (0: none).
-    drain_charge: float = 0.0
-    # Added to `cost` for a new copy of a reused prompt on a pod whose cache turns over too fast to
-    # keep it: the expected recompute of its later requests there (0: none).
-    eviction_charge: float = 0.0
     # The share of the pod's KV cache its requests would need beyond its capacity with this
     # request's and what the running ones have yet to write (a pick that forces preemption): it
     # raises the busy factor in `cost` past its cap (0: none).
@@ -86,12 +60,40 @@ class Prediction:
     # Added to `cost` on a pod whose batch slots are all taken: the wait this request adds, holding
     # a slot for its decode, to the requests sent there while it waits (0: a free slot, or off).
     slot_charge: float = 0.0
-    # Added to `cost` for the TTFT tail (`_charge_tail`): `tailWeight` × the credited TTFT beyond the
-    # pool's tail and × the externality the pod's recent share of tail first tokens weighs (0: none).
-    tail_charge: float = 0.0
     # Added to `cost` on a pod whose KV cache is full with a queue: the share of the cache's time
     # this request's new blocks take, for each request queued there (`_kv_time_charge`; 0: none).
     kv_time_charge: float = 0.0
+    # The KV tokens the request will hold there times the seconds it holds them (its uncached
+    # prompt and half its output, over its prefill and decode): what the pick adds to the pod's
+    # KV forecast (`EndpointLoad.kv_forecast_at`).
+    kv_token_seconds: float = 0.0
+    copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
+    copy_reason: str = ""  # why: "busy" (holders' queue), "choice" / "young" (a second holder) or "faster" (a faster pod)
+    # Ranked on a saturated pool (every candidate's KV cache full with a queue): `cost` is
+    # `credited_ttft` (no externality) with `recompute_seconds`, and `saturation_charge`,
+    # seconds for a copy of a prefix its holders have (work the pool cannot absorb).
+    saturated: bool = False
+    saturation_charge: float = 0.0
+    # `saturation_charge` set for a prefix in its first seconds of reuse rather than a saturated
+    # pool (its holder likely still computing it: `PredictedLatencyProducer._charge_copies`).
+    young_prefix: bool = False
+    # Set by `latency-scorer`'s TTFT bound (when configured): seconds this candidate's credited
+    # TTFT is beyond the bound (the fastest candidate's × the ratio + the slack) when it was left
+    # out of the ranking; and, on those kept, that the cheapest was left out (the bound made the pick).
+    beyond_bound: float = 0.0
+    ttft_bounded: bool = False
+    # The share of the pool's recent cold prompts that a later request asked for again
+    # (`ColdReuse`): the TTFT bound stays out at or above its `ttftBoundMaxReuse`.
+    cold_prompts_reused: float = 1.0
+    # Added to `cost` for a cold prompt on a pod with a `drain_seconds` while most of the pool has
+    # room: what the drain adds to `credited_ttft` (0: none).
+    drain_charge: float = 0.0
+    # Added to `cost` for a new copy of a reused prompt on a pod whose cache turns over too fast to
+    # keep it: the expected recompute of its later requests there (0: none).
+    eviction_charge: float = 0.0
+    # Added to `cost` for the TTFT tail (`_charge_tail`): `tailWeight` × the credited TTFT beyond the
+    # pool's tail and × the externality the pod's recent share of tail first tokens weighs (0: none).
+    tail_charge: float = 0.0
 
     def compact(self) -> str:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""

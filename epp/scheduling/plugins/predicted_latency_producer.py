@@ -817,13 +817,11 @@ class PredictedLatencyProducer(DataProducer):
                 ttft = drain
             raw_ttft = ttft
             ttft = raw_ttft * service.ttft_factor
+            # (by position, in the order of `Prediction`'s fields: several times faster than by name)
             append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
-                              own_seconds, recompute_tokens=recompute, credited_ttft=credited,
-                              recompute_seconds=recompute_seconds, paced_wait_seconds=reported_wait,
-                              raw_ttft=raw_ttft, drain_seconds=drain, kv_overflow=kv_overflow,
-                              slot_charge=slot_charge, kv_time_charge=kv_time,
-                              kv_token_seconds=(own + half_output) * (own_seconds + lifetime)))
+                              own_seconds, recompute, credited, recompute_seconds, reported_wait, raw_ttft, drain,
+                              kv_overflow, slot_charge, kv_time, (own + half_output) * (own_seconds + lifetime)))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
