@@ -6,7 +6,7 @@ in buckets on a grid of `quantum` seconds (exact times when it is 0), and one lo
 armed for the earliest bucket: the deadlines of one grid step cost one timer between them, and
 the things due in a step run in one turn of the loop (their answers then come back together:
 fewer wake-ups too). A deadline is rounded up to the grid, never down (nothing runs early,
-up to one `quantum` late). There is no cancelling: the caller's `fire` ignores an entry that no
+up to one `quantum` late; a deadline a floating-point hair past a grid time is that time). There is no cancelling: the caller's `fire` ignores an entry that no
 longer applies (an endpoint that went, a poll that already answered).
 """
 
@@ -24,6 +24,12 @@ Entry = TypeVar("Entry")
 log = logging.getLogger("epp.datalayer")
 
 _EARLY = 0.001  # the loop's timers fire to the millisecond: a bucket this close to now is due
+# A deadline within this share of a grid step past a grid time is that grid time: a poll's next
+# deadline is its grid time plus the interval, which in floating point lands a hair past the grid
+# about half the time, and rounded up from there each such poll waited a whole step more (every
+# 50 ms poll every 62.5 ms on average, its metrics a third older, from one machine to the next as
+# the clock's magnitude changed).
+_GRID_SLACK = 1e-6
 
 
 class TimerWheel(Generic[Entry]):
@@ -44,7 +50,7 @@ class TimerWheel(Generic[Entry]):
         """`entry` is due at loop time `at` (rounded up to the grid); returns the time it will run."""
         quantum = self.quantum
         if quantum > 0:
-            at = math.ceil(at / quantum) * quantum
+            at = math.ceil(at / quantum - _GRID_SLACK) * quantum
         bucket = self._buckets.get(at)
         if bucket is None:
             bucket = self._buckets[at] = []
