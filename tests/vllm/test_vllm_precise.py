@@ -1,4 +1,5 @@
-"""Precise prefix routing against two real vLLM 0.32 CPU servers (see README.md)."""
+"""Precise prefix routing, and the default profile on the shipped Envoy config, against two real vLLM
+0.32 CPU servers (see README.md)."""
 
 from __future__ import annotations
 
@@ -122,10 +123,11 @@ async def until(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped
 
 
 async def test_two_real_vllm_servers(tmp_path: Path) -> None:
-    """One pair of servers (a minute to start) for both checks."""
+    """One pair of servers (a minute to start) for every check."""
     async with cluster(tmp_path) as running:
         await check_tokenize_agrees_with_the_local_tokenizer(*running)
         await check_warmed_server_draws_the_prefix_then_loses_it_when_evicted(*running)
+        await check_the_default_profile_learns_from_real_responses_on_the_shipped_config(running[0])
 
 
 async def check_tokenize_agrees_with_the_local_tokenizer(servers: list[Server], picker: EndpointPicker,
@@ -167,3 +169,63 @@ async def check_warmed_server_draws_the_prefix_then_loses_it_when_evicted(server
         assert match.matched.get(warm.address, 0) == 0, decision
         assert picker.kv_subscribers[0].stats.gaps == 0
         assert picker.kv_subscribers[0].stats.unknown_topic_messages == 0
+
+
+async def check_the_default_profile_learns_from_real_responses_on_the_shipped_config(servers: list[Server]) -> None:
+    """A second EPP on the built-in default (the predicted-latency profile) behind the Envoy
+    config this project ships (no response phase on the picking filter; an observer for a
+    stream's first token; Envoy's access log for every response's usage): against real vLLM
+    responses, every request's usage reaches the EPP (the token metrics sum what vLLM said it
+    generated), every pick ends (nothing in flight, nothing reported late), the service model
+    learns each stream's first token, and the scraped pages are real vLLM's (the KV cache's size
+    from `cache_config_info`)."""
+    discovery = StaticDiscovery(parse_endpoint_list(",".join(s.address for s in servers)))
+    options = Options(grpc_port=0, grpc_health_port=0, metrics_port=0, admin_port=-1, bind_address="127.0.0.1",
+                      secure_serving=False, pool_name="vllm-default")
+    picker = EndpointPicker(options, discovery=discovery)
+    await picker.start()
+    envoy = EnvoyProcess(EnvoyConfig(listen_port=free_port(), admin_port=free_port(), epp_port=picker.grpc_port))
+    try:
+        envoy.start()
+        assert envoy.config.observed
+        endpoints = list(picker.datastore.endpoints())
+        await until(lambda: all(ep.metrics.kv_capacity_tokens > 0 and ep.metrics_valid for ep in endpoints))
+        before = sum(ep.service.observations for ep in endpoints)
+        generated = 0
+        streamed = 0
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            for i in range(8):
+                stream = i % 2 == 1
+                chat = i % 4 >= 2
+                body: dict = {"model": "tiny", "max_tokens": 3 + i, "temperature": 0, "ignore_eos": True}
+                if chat:
+                    body["messages"] = [{"role": "user", "content": f"w{i} w{i + 1} question {i}"}]
+                else:
+                    body["prompt"] = f"w{i} w{i + 1} question {i}"
+                if stream:
+                    body |= {"stream": True, "stream_options": {"include_usage": True}}
+                    streamed += 1
+                path = "/v1/chat/completions" if chat else "/v1/completions"
+                async with session.post(envoy.url + path, json=body) as r:
+                    assert r.status == 200, await r.text()
+                    raw = await r.read()
+                if stream:
+                    events = [line[len(b"data: "):] for line in raw.splitlines() if line.startswith(b"data: {")]
+                    usage = json.loads(events[-1])["usage"]
+                else:
+                    usage = json.loads(raw)["usage"]
+                generated += usage["completion_tokens"]
+        assert generated == sum(3 + i for i in range(8))  # ignore_eos: each wrote its max_tokens
+        registry = picker.metrics.registry
+        await until(lambda: sum(ep.inflight_requests for ep in endpoints) == 0)
+        await until(lambda: registry.get_sample_value("inference_objective_output_tokens_sum",
+                                                      {"model_name": "tiny", "target_model_name": "tiny"}) == generated)
+        access_log = picker.extproc.access_log
+        assert (access_log.reported, access_log.unmatched, picker.extproc.handoff.late) == (8, 0, 0)
+        assert all(ep.load.requests == 0 for ep in endpoints)
+        learned = sum(ep.service.observations for ep in endpoints) - before
+        assert learned >= streamed, learned  # each stream's first token at least
+        assert registry.get_sample_value("inference_extension_ttft_prediction_error_ratio_count") == streamed
+    finally:
+        envoy.close()
+        await picker.stop(grace=0)
