@@ -61,7 +61,7 @@ async def test_a_burst_split_between_two_replicas_does_not_herd(pods, replicas) 
     a, b = replicas
     envoy = envoy_for(a, b)  # round-robin per stream: each replica takes half
     try:
-        counts = await burst_counts(pods, envoy, 64, LONG)
+        counts = await burst_counts(pods, envoy, 64, LONG, (a, b))
         assert all(15 <= c <= 17 for c in counts.values()), counts
         served = [await a.metric("inference_objective_request_total"), await b.metric("inference_objective_request_total")]
         assert min(served) >= 16, served  # both replicas took a good part of it

@@ -72,12 +72,15 @@ def envoy_for(*epp: EppServe) -> EnvoyProcess:
     return envoy
 
 
-async def burst_counts(pods, envoy: EnvoyProcess, n: int, body: dict) -> Counter[int]:  # type: ignore[no-untyped-def]
+async def burst_counts(pods, envoy: EnvoyProcess, n: int, body: dict,  # type: ignore[no-untyped-def]
+                       epps: tuple[EppServe, ...] = ()) -> Counter[int]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         before = [(await pod_stats(session, p.url)).finished for p in pods]
         statuses = await asyncio.gather(*(post(session, envoy.url, body) for _ in range(n)))
         after = [(await pod_stats(session, p.url)).finished for p in pods]
-    assert statuses == [200] * n
+    # (on failure, what each EPP logged and what Envoy counted of its ext_proc streams)
+    assert statuses == [200] * n, (statuses, envoy.stats("http.inference.ext_proc"),
+                                   [epp.log_text for epp in epps])
     return Counter({i: int(a - b) for i, (a, b) in enumerate(zip(after, before))})
 
 
@@ -89,7 +92,7 @@ async def test_a_burst_over_two_workers_lands_evenly(pods, workers) -> None:  # 
     try:
         body = {"model": SLOW.model, "prompt": "Tell me a story about a lighthouse keeper. " * 4,
                 "max_tokens": 400, "ignore_eos": True}
-        counts = await burst_counts(pods, envoy, 64, body)
+        counts = await burst_counts(pods, envoy, 64, body, (epp,))
         assert sum(counts.values()) == 64
         assert all(15 <= c <= 17 for c in counts.values()), counts
         if workers > 1:
