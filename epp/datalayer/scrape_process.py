@@ -240,8 +240,12 @@ class ScraperProcess:
         if process is None or process.poll() is None:
             return
         loop = asyncio.get_running_loop()
-        log.error("scraper process exited unexpectedly (code %s); endpoints' metrics age until it is back, "
-                  "restart in %.0f s", process.returncode, self._restart_delay, extra={"pid": process.pid})
+        code = process.returncode
+        # A SIGINT or SIGTERM is most often the whole process group's (Ctrl-C in a terminal, an
+        # init that signals the group): the EPP itself is stopping and will not restart it.
+        report = log.warning if code in (-signal.SIGINT, -signal.SIGTERM) else log.error
+        report("scraper process exited unexpectedly (code %s); endpoints' metrics age until it is back, "
+               "restart in %.0f s (unless the EPP is stopping)", code, self._restart_delay, extra={"pid": process.pid})
         if self._pipe is not None:
             self._pipe.close()
         self._process = self._pipe = None
