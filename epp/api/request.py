@@ -40,8 +40,9 @@ class InferenceRequest:
     api: Api
     model: str  # as the client sent it; native APIs: the adapter named, else the engine ("tgi")
     target_model: str  # after rewrite; what the model server is asked for
-    body: dict[str, Any] | None  # None for header-only requests
-    prompt: bytes = b""  # the text prefix-affinity hashes (see `prompt_bytes`)
+    # None for header-only requests; emptied (not None) once the pick is made (`drop_payload`)
+    body: dict[str, Any] | None
+    prompt: bytes = b""  # the text prefix-affinity hashes (see `prompt_bytes`); b"" after `drop_payload`
     stream: bool = False
     max_tokens: int | None = None
     cache_salt: str = ""
@@ -57,6 +58,20 @@ class InferenceRequest:
     # Per-request state of the plugins that handle this request, keyed by plugin name; it lives
     # exactly as long as the request, so no plugin keeps a table of requests of its own.
     state: dict[str, Any] = field(default_factory=dict)
+    prompt_chars: int = -1  # len(prompt), kept when the prompt is dropped (-1: set from `prompt`)
+
+    def __post_init__(self) -> None:
+        if self.prompt_chars < 0:
+            self.prompt_chars = len(self.prompt)
+
+    def drop_payload(self) -> None:
+        """Let go of the parsed body and the prompt once the pick is made and the body is on its
+        way: a request holds about twice its body in them (the prompt's text in the parsed body
+        and again as `prompt`), ~1.2 MB for a 100k-token prompt, for as long as it runs. What
+        is read after the pick is kept: `prompt_chars`, and `body is not None` (it had one)."""
+        if self.body is not None:
+            self.body = {}
+        self.prompt = b""
 
     @property
     def sheddable(self) -> bool:
@@ -64,7 +79,7 @@ class InferenceRequest:
 
     @property
     def prompt_tokens_estimate(self) -> int:
-        return len(self.prompt) // CHARS_PER_TOKEN
+        return self.prompt_chars // CHARS_PER_TOKEN
 
     @property
     def model_rewritten(self) -> bool:

@@ -173,6 +173,8 @@ class RequestStream:
         body = decision.body if decision.body is not None else raw
         destination = ",".join(ep.address for ep in decision.targets)
         set_headers, remove = self._upstream_headers(destination, body)
+        if self.request is not None:  # picked: the body goes on in the replies, not in memory
+            self.request.drop_payload()
         if self.request_body_mode in BUFFERED_MODES:
             return [messages.buffered_request_body(set_headers, remove, destination, decision.body)]
         return [

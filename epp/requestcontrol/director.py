@@ -409,7 +409,7 @@ class Director:
             self._learn_decode(record, record.decode_seen, usage)
         if usage is not None and not record.error_code and record.request.body is not None:
             self.datastore.models.get(record.request.target_model).observe(
-                len(record.request.prompt), usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)
+                record.request.prompt_chars, usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)
         if record.admitted:
             try:
                 self.admission.completed(record.request, usage)

@@ -316,3 +316,38 @@ async def test_health_service_names() -> None:
             picker.datastore.synced = False
             reply = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"))
             assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def test_a_picked_request_lets_go_of_its_body_and_still_learns_from_its_usage() -> None:
+    """Once picked and sent on, a request keeps neither its parsed body nor its prompt (twice its
+    body, for as long as it runs); what is read later (the prompt's length, for the chars-per-token
+    the model learns from the usage) is kept."""
+    async with running_picker() as picker, channel_to(picker) as channel:
+        director = picker.core.director
+        records = []
+        handle = director.handle_request
+
+        async def spy(request):  # type: ignore[no-untyped-def]
+            decision, record = await handle(request)
+            records.append(record)
+            return decision, record
+
+        director.handle_request = spy  # type: ignore[method-assign]
+        prompt = "lighthouse " * 4_000  # 44,000 characters
+        client = ExtProcClient(channel)
+        await client.send(headers_msg(request_headers()), body_msg(completion(prompt)))
+        hdr, bod = await client.recv(2)
+        assert streamed_body([bod])[0] == completion(prompt)  # sent on whole
+        (record,) = records
+        request = record.request
+        assert (request.body, request.prompt, request.prompt_chars) == ({}, b"", len(prompt))
+        assert request.prompt_tokens_estimate == len(prompt) // 4
+        await client.send(response_headers_msg({":status": "200", "content-type": "application/json"}),
+                          response_body_msg(b'{"usage":{"prompt_tokens":8000,"completion_tokens":5}}', eos=True))
+        await client.recv(2)
+        assert inflight(picker) == 0
+        stats = picker.datastore.models.get("m")
+        # 44,000 characters in 8,000 tokens: learned from the length kept (a dropped prompt's 0 would
+        # have taught nothing, leaving the prior 4.0)
+        assert stats.samples == 1 and stats.chars_per_token == 5.5
+        assert stats.prompt_tokens(len(prompt)) == 8000
