@@ -15,10 +15,10 @@ from abc import abstractmethod
 from array import array
 from dataclasses import dataclass
 
-from epp.api.request import InferenceRequest
+# TOKENIZED_PROMPT is defined beside the request, which drops it with its payload after the pick.
+from epp.api.request import TOKENIZED_PROMPT, InferenceRequest  # noqa: F401 (re-exported)
 from epp.plugin import Plugin
 
-TOKENIZED_PROMPT = "tokenized-prompt"  # the `request.state` key of a `TokenizedPrompt`
 
 
 class RequestPreparer(Plugin):

@@ -21,10 +21,11 @@ from epp.api.sglang import INPUT_FIELDS as SGLANG_INPUTS
 from epp.api.sglang import parse_sglang
 from epp.api.tgi import parse_tgi
 
-__all__ = ["CHARS_PER_TOKEN", "Api", "InferenceRequest", "api_for_path", "parse_body", "parse_request",
-           "prompt_bytes", "slo_seconds"]
+__all__ = ["CHARS_PER_TOKEN", "TOKENIZED_PROMPT", "Api", "InferenceRequest", "api_for_path", "parse_body",
+           "parse_request", "prompt_bytes", "slo_seconds"]
 
 CHARS_PER_TOKEN = 4  # the reference's fixed estimate; also used by the prefix hasher
+TOKENIZED_PROMPT = "tokenized-prompt"  # the `request.state` key of a `TokenizedPrompt` (`epp.api.preparer`)
 # Longest `model` accepted. vLLM itself has no cap (an unknown name is a 404 NotFound, "The model
 # `...` does not exist."), but the name travels on into logs, traces and metric labels, so a
 # client must not choose its size: real names are far shorter (a Hugging Face repo id is at most
@@ -68,10 +69,12 @@ class InferenceRequest:
         """Let go of the parsed body and the prompt once the pick is made and the body is on its
         way: a request holds about twice its body in them (the prompt's text in the parsed body
         and again as `prompt`), ~1.2 MB for a 100k-token prompt, for as long as it runs. What
-        is read after the pick is kept: `prompt_chars`, and `body is not None` (it had one)."""
+        is read after the pick is kept: `prompt_chars`, and `body is not None` (it had one). The
+        prompt's token ids go too (`TOKENIZED_PROMPT`, 4 bytes a token), read only by the pick."""
         if self.body is not None:
             self.body = {}
         self.prompt = b""
+        self.state.pop(TOKENIZED_PROMPT, None)
 
     @property
     def sheddable(self) -> bool:
