@@ -6,8 +6,9 @@ in buckets on a grid of `quantum` seconds (exact times when it is 0), and one lo
 armed for the earliest bucket: the deadlines of one grid step cost one timer between them, and
 the things due in a step run in one turn of the loop (their answers then come back together:
 fewer wake-ups too). A deadline is rounded up to the grid, never down (nothing runs early,
-up to one `quantum` late; a deadline a floating-point hair past a grid time is that time). There is no cancelling: the caller's `fire` ignores an entry that no
-longer applies (an endpoint that went, a poll that already answered).
+up to one `quantum` late; a deadline a floating-point hair past a grid time is that time).
+There is no cancelling: the caller's `fire` ignores an entry that no longer applies (an
+endpoint that went, a poll that already answered).
 """
 
 from __future__ import annotations
