@@ -578,14 +578,11 @@ class PredictedLatencyProducer(DataProducer):
         held, best = _holders(endpoints, found, matched, max(matched.values()))
         if best is None:
             return
-        holder = next(ep for ep, p in zip(endpoints, found) if p is best).service
-        # (`_own_prefill_seconds` on the holder, inline)
-        scale, per_token, per_pair = holder.prefill_scale, holder.prior.per_prefill_token, holder.prior.per_attention_pair
+        holder = next(ep for ep, p in zip(endpoints, found) if p is best)
         for ep, p, has in zip(endpoints, found, held):
             if has:
                 continue
-            own = p.own_prefill
-            premium = scale * (per_token * own + per_pair * own * (p.cached_tokens + own * 0.5)) - best.prefill_work_seconds
+            premium = self._own_prefill_seconds(holder, p.own_prefill, p.cached_tokens) - best.prefill_work_seconds
             factor = _SATURATED
             if young:  # at the candidate's prefill load now: the share of its next step its queue fills
                 u = min(_MAX_UTILIZATION, p.queued_prefill / ep.service.prior.max_batched_tokens)
