@@ -90,6 +90,7 @@ class _Worker:
     done: Callable[[bytes | None, BaseException | None], None] | None = None  # the GET's callback
     next_at: float = 0.0  # loop time the current or next poll is due
     started: float = 0.0  # perf_counter at the start of the poll in flight
+    asked_at: float = 0.0  # the datastore's clock then: its page's `update_time`
     stopped: bool = False
     failing: bool = False
     failure_kind: str = ""  # what the current failure is, to log again when it changes kind
@@ -274,6 +275,7 @@ class MetricsScraper:
         worker.scheduled = False
         worker.polls += 1
         worker.started = time.perf_counter()
+        worker.asked_at = self.datastore.clock()
         worker.client.get(worker.done)  # type: ignore[arg-type]
         self._wheel.add(asyncio.get_running_loop().time() + self.timeout, (worker, worker.polls))
 
@@ -297,7 +299,9 @@ class MetricsScraper:
                 raise error
             assert body is not None
             self._check_engine(worker)
-            result = self.extractor.extract(endpoint, body, self.datastore.clock(), worker.memory)
+            # Stamped with the time it was asked for, not read: the ledger's requests that ended
+            # in between are still on the page (`EndpointLoad.mark_scrape`).
+            result = self.extractor.extract(endpoint, body, worker.asked_at, worker.memory)
             if result.invalid:
                 raise InvalidMetrics(result.invalid)
             if result.metrics is None:

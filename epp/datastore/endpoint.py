@@ -36,7 +36,8 @@ def split_host_port(address: str) -> tuple[str, int]:
 class EndpointMetrics:
     """One scrape of a model server, immutable so a reader never sees half an update.
 
-    `update_time` is on the datastore's clock (monotonic seconds); 0.0 means never scraped.
+    `update_time` is on the datastore's clock (monotonic seconds): when the page was asked for
+    (the pod wrote it then or a little later); 0.0 means never scraped.
     """
 
     waiting_queue_size: int = 0
@@ -121,7 +122,7 @@ class Endpoint:
         since = metrics.update_time - 2.0 * step if step > 0.0 else self.metrics.update_time
         self.metrics = metrics
         self.metrics_valid = True
-        self.load.mark_scrape()
+        self.load.mark_scrape(metrics.update_time)
         self.batch_limit.observe(metrics.running_requests, metrics.waiting_queue_size, metrics.kv_cache_usage,
                                  self.load.prefill_backlog, self.service.prior.max_batched_tokens,
                                  self.load.sent_since(since))

@@ -42,6 +42,7 @@ _LATE_MIN = 0.02  # seconds
 _PACE_ALPHA = 0.1  # weight of one response in the step count's pace (a geometric average)
 _PACE_MAX = 5.0  # the pace stays within [1/5, 5]
 _STALLED_MAX = 256  # stalled requests remembered per endpoint (the oldest matter)
+_RECENT_MAX = 256  # exits remembered per endpoint for the next scrape (`mark_scrape`)
 RATE_WINDOW = 10.0  # seconds: the memory of the pick-rate average
 MIN_HISTORY = 3.0  # seconds: a rate is never read as if from less history than this
 _BUSY_ALPHA = 0.1  # weight of the newest interval in `EndpointLoad.busy_interval`
@@ -174,6 +175,11 @@ class EndpointLoad:
     # explain (traffic the EPP did not send) from what it can.
     requests_at_scrape: int = 0
     pending_at_scrape: int = 0
+    # When this writer's requests here ended, and left the prefill queue, since the last scrape
+    # was taken (clock times, oldest first): a page taken before an exit and read after it still
+    # shows that request (`mark_scrape`).
+    ended_at: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_MAX))
+    unqueued_at: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_MAX))
     footprint_at_scrape: int = 0
     prefill_total_at_scrape: int = 0  # (the prefill sent since is in the footprint the scrape missed)
     # Picks per second sent to this endpoint, and the pod-seconds of work they bring per second
@@ -267,6 +273,7 @@ class EndpointLoad:
         while self.pending:
             head = self.pending.popleft()
             self._to_decode(head)
+            self.unqueued_at.append(now)
             if head is item:
                 break
         previous = now
@@ -282,6 +289,7 @@ class EndpointLoad:
         self.settle(now)
         if not item.prefilled:
             self.pending.remove(item)
+            self.unqueued_at.append(now)
             self.prefill_backlog -= item.prefill_tokens
             self.prefill_pairs -= item.attention_pairs
             self.recompute_backlog -= item.recompute_tokens
@@ -294,6 +302,7 @@ class EndpointLoad:
         item.stalled = False
         self.footprint_tokens -= item.footprint_tokens
         self.requests -= 1
+        self.ended_at.append(now)
         if len(self.ends) > 2 * self.requests + 16:  # mostly stale entries: compact (amortised O(1))
             self.ends = [e for e in self.ends if _current(e)]
             heapq.heapify(self.ends)
@@ -317,6 +326,7 @@ class EndpointLoad:
         while pending and self._over(pending[0], now):
             item = pending.popleft()
             self._to_decode(item)
+            self.unqueued_at.append(now)
             if item.streamed and item.first_token < 0.0:
                 item.stalled = True
                 self.stalled.append(item)
@@ -356,10 +366,15 @@ class EndpointLoad:
         self.decode_output += item.output_tokens
         self.decode_ending += ending_weight(item.output_tokens)
 
-    def mark_scrape(self) -> None:
-        """New scraped metrics arrived: remember what the EPP had outstanding at that moment."""
-        self.requests_at_scrape = self.requests
-        self.pending_at_scrape = len(self.pending)
+    def mark_scrape(self, taken: float = math.inf) -> None:
+        """New scraped metrics arrived, taken at `taken`: remember what the EPP had outstanding
+        then. A request that ended (or left the prefill queue) after the page was taken is still
+        on it: read as traffic the ledger cannot explain, a pod that had just served one request
+        looked busier than an idle one (a stale `waiting` of 1 outweighed a whole prompt's cache
+        credit). What was sent since counts as the EPP's, as the page may already show it.
+        (`taken` by default: after everything the ledger holds.)"""
+        self.requests_at_scrape = self.requests + _after(self.ended_at, taken)
+        self.pending_at_scrape = len(self.pending) + _after(self.unqueued_at, taken)
         self.footprint_at_scrape = self.footprint_tokens
         self.prefill_total_at_scrape = self.prefill_total
 
@@ -533,3 +548,10 @@ class EndpointLoad:
                 break
             backlog -= item.prefill_tokens - item.remaining_prefill(now)
         return max(0.0, backlog)
+
+
+def _after(times: deque[float], taken: float) -> int:
+    """How many of `times` (ascending) are later than `taken`; the others are dropped."""
+    while times and times[0] <= taken:
+        times.popleft()
+    return len(times)

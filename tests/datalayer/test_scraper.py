@@ -11,6 +11,7 @@ import gc
 import logging
 import socket
 import ssl
+import time
 import warnings
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -34,9 +35,10 @@ class FakeModelServer:
     """A `/metrics` server whose behaviour a test switches at will."""
 
     def __init__(self) -> None:
-        self.mode = "ok"  # ok | hang | garbage | binary | truncated | error | chunked | no-query
+        self.mode = "ok"  # ok | hang | slow | garbage | binary | truncated | error | chunked | no-query
         self.body = BUSY
         self.requests = 0
+        self.served_at: list[float] = []
         self.queries: list[str] = []  # the query string of each request
         self.release = asyncio.Event()  # ends every hanging request (so shutdown is quick)
         app = web.Application()
@@ -51,6 +53,9 @@ class FakeModelServer:
         if self.mode == "hang":
             await self.release.wait()
             return web.Response(status=503)
+        if self.mode == "slow":
+            self.served_at.append(time.monotonic())  # the page describes this moment
+            await asyncio.sleep(0.2)
         if self.mode == "garbage":
             return web.Response(body=b"<html>it works!</html>\n", content_type="text/html")
         if self.mode == "binary":
@@ -142,6 +147,19 @@ async def test_scrapes_a_fixture_into_the_datastore(servers: Servers, scraper: S
     stats = sc.stats(ep.address)
     assert stats is not None and stats.scrapes >= 2 and stats.errors == 0
     assert stats.last_duration > 0 and stats.last_success == ep.metrics.update_time
+
+
+async def test_a_page_is_stamped_with_when_it_was_asked_for_not_when_it_arrived(
+        servers: Servers, scraper: Scraper) -> None:
+    """The ledger tells its own requests on a page from other traffic by what it held when the
+    page was written: a request that ended while the page was on its way is still on it."""
+    datastore, _ = scraper
+    server = await new_server(servers, "slow")
+    ep = datastore.upsert(server.spec("pod-a"))
+    await wait_until(lambda: ep.metrics.update_time > 0, "first scrape")
+    asked = ep.metrics.update_time
+    assert datastore.clock() - asked >= 0.2
+    assert asked <= server.served_at[0] < asked + 0.2  # (the later polls' pages are still on their way)
 
 
 async def test_endpoints_present_before_start_are_scraped(servers: Servers) -> None:

@@ -149,6 +149,27 @@ def test_scrape_snapshot_tells_own_requests_from_unexplained_ones() -> None:
     assert load.footprint_at_scrape == load.footprint_tokens
 
 
+def test_a_page_taken_before_a_request_ended_still_counts_it_as_the_ledgers() -> None:
+    load = EndpointLoad()
+    first, second, third = item(at=0.0), item(at=0.0), item(at=0.0)
+    for it in (first, second, third):
+        load.add(it, 0.0)
+    load.first_byte(first, 0.5)  # out of the prefill queue at 0.5
+    load.release(first, 0.6)
+    load.release(second, 0.7)  # ended while still queued
+    # A page asked for at 0.55 and read after 0.7 shows `first` running and `second` waiting.
+    load.mark_scrape(0.55)
+    assert (load.requests_at_scrape, load.pending_at_scrape) == (3, 2)
+    # The next page, asked for after both: only what is left (the exits before it are dropped).
+    load.mark_scrape(0.8)
+    assert (load.requests_at_scrape, load.pending_at_scrape) == (1, 1)
+    assert not load.ended_at and not load.unqueued_at
+    load.release(third, 0.9)
+    load.mark_scrape()  # asked for after everything
+    assert (load.requests_at_scrape, load.pending_at_scrape) == (0, 0)
+    assert_empty(load)
+
+
 def test_when_the_backlog_falls_below_a_threshold_by_the_timeline() -> None:
     load = EndpointLoad()
     a, b = item(1000, ttft=0.2), item(500, ttft=0.3)  # a: 0 → 0.2 s; b: 0.2 → 0.3 s

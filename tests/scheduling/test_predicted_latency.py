@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -1939,3 +1940,35 @@ def test_the_first_tokens_teach_the_pools_ttft_tail_and_each_pods_share_of_it() 
 def test_the_tail_charge_parameters_are_validated(parameters: str) -> None:
     with pytest.raises(Exception, match="tail"):
         build_core(pool(), with_parameters("predicted-latency-producer", parameters), tick=0.05, seed=1)
+
+
+def test_a_page_taken_before_the_holders_request_ended_does_not_turn_it_into_unexplained_traffic() -> None:
+    """Sequential requests sharing a long prefix: the page the EPP reads after the first one ended
+    may have been written while it was still queued there. Taken for someone else's request, that
+    stale `waiting: 1` cost the holder more than its cache saved, and the next request went to
+    an idle pod (the e2e affinity test's flake)."""
+    system = "You are a meticulous assistant for the ACME support desk. " * 40
+
+    def second_pick_ttfts(asked_at: float) -> tuple[float, float]:
+        store = pool()
+        core = build_core(store, None, tick=0.05, seed=1)
+
+        async def send() -> str:
+            decision, record = await core.director.handle_request(request(system + "question 0", max_tokens=4))
+            core.director.release(record, Usage.of(600, 4))  # at the clock's 100.0
+            return decision.targets[0].address
+
+        holder = store.get(asyncio.run(send()))
+        assert holder is not None
+        holder.update_metrics(replace(holder.metrics, waiting_queue_size=1, update_time=asked_at))
+        cycle = CycleState()
+        req = request(system + "question 1", max_tokens=4)
+        for producer in core.config.scheduler.producers:
+            producer.prepare(cycle, req, list(store.endpoints()))
+        others = [p.ttft for address, p in cycle.predictions.items() if address != holder.address]
+        return cycle.predictions[holder.address].ttft, min(others)
+
+    holder, other = second_pick_ttfts(99.995)  # asked for before the release: the request itself
+    assert holder < 0.5 * other
+    holder, other = second_pick_ttfts(100.0)  # asked for after it: someone else's request waits there
+    assert holder > other
