@@ -67,13 +67,25 @@ async def test_a_burst_split_between_two_replicas_does_not_herd(pods, replicas) 
         assert min(served) >= 16, served  # both replicas took a good part of it
         # Envoy's access log reports every plain response to every replica: each counts its own
         # picks' usage (and the other's entries as unmatched).
-        await wait_for(lambda: _usage_counted(a, b, 64 * 400), what="every response's usage, on its replica")
-        reports = [{o: await e.metric("inference_extension_response_reports_total", outcome=o)
-                    for o in ("logged", "unmatched", "late")} for e in (a, b)]
+        # (each replica's entries come on their own stream: wait for all 64 on both)
+        await wait_for(lambda: _all_reported(a, b, 64), what="every response's access-log entry, on both replicas")
+        reports = [await _reports(e) for e in (a, b)]
         assert [(r["logged"], r["unmatched"], r["late"]) for r in reports] == [
             (served[0], served[1], 0), (served[1], served[0], 0)], reports
+        assert await _usage_counted(a, b, 64 * 400), (reports, [await e.metric(
+            "inference_objective_output_tokens_sum") for e in (a, b)])
     finally:
         envoy.close()
+
+
+async def _reports(epp: EppServe) -> dict[str, float]:
+    return {o: await epp.metric("inference_extension_response_reports_total", outcome=o)
+            for o in ("logged", "unmatched", "late")}
+
+
+async def _all_reported(a: EppServe, b: EppServe, n: int) -> bool:
+    counts = [sum((await _reports(e)).values()) for e in (a, b)]
+    return min(counts) >= n
 
 
 async def _usage_counted(a: EppServe, b: EppServe, tokens: int) -> bool:
