@@ -250,7 +250,7 @@ class EndpointPicker:
                 self.extproc.handoff = MemberHandoff(role.member, self.relay)
                 if self.member is not None:
                     self.member.relay = self.relay
-                await self.relay.start(self.extproc.handoff)
+                await self.relay.start(self.extproc.handoff, self.extproc.access_log.relayed)
             reuse = 1 if role is not None else 0
             self._grpc = grpc.aio.server(options=[("grpc.so_reuseport", reuse)])
             add_to_server(self.extproc, self._grpc)

@@ -57,8 +57,10 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
 
     def __init__(self, extproc: ExternalProcessor) -> None:
         self.extproc = extproc  # its handoff is read per entry: `epp serve --workers` swaps it in
-        self.reported = 0  # entries that reached a live pick (here or, relayed, on another worker)
-        self.unmatched = 0  # entries with no live pick to report to
+        # Entries that reached a live pick, and those with none to report to. One for another
+        # worker of the pod is counted by that worker when it arrives there (`relayed`).
+        self.reported = 0
+        self.unmatched = 0
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],  # noqa: N802
                                context: grpc.aio.ServicerContext) -> als_pb2.StreamAccessLogsResponse:
@@ -70,10 +72,18 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
                     log.exception("reading an access-log entry failed")
         return als_pb2.StreamAccessLogsResponse()
 
+    def relayed(self, matched: bool) -> None:
+        """An entry another worker of the pod received for a pick of this one's arrived."""
+        if matched:
+            self.reported += 1
+        else:
+            self.unmatched += 1
+
     def report(self, entry: object) -> None:
         """One `HTTPAccessLogEntry`: to the pick its token names."""
         token = entry.request.request_headers.get(OBSERVE_TOKEN, "")  # type: ignore[attr-defined]
-        picker = self.extproc.handoff.claim(token) if token else None
+        handoff = self.extproc.handoff
+        picker = handoff.claim(token) if token else None
         if picker is None:
             self.unmatched += 1
             return
@@ -86,7 +96,8 @@ class AccessLogReceiver(als_pb2_grpc.AccessLogServiceServicer):
                 if len(usage) > _MAX_USAGE_BYTES:
                     usage = b""
         response = entry.response  # type: ignore[attr-defined]
-        self.reported += 1
+        if handoff.local(token) is picker:  # (not a stand-in for another worker's pick)
+            self.reported += 1
         picker.response_logged(response.response_code.value, response.response_body_bytes, usage)
 
 

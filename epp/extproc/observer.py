@@ -95,6 +95,11 @@ class Handoff:
             return None
         return self._waiting.get(token)
 
+    def local(self, token: str) -> RequestStream | None:
+        """The live pick of this process that `token` names (`claim` may return a stand-in for
+        another process's)."""
+        return self._waiting.get(token)
+
     def picker_closed(self, stream: RequestStream, token: str) -> bool:
         """The picking stream ended. True: its observer is still reporting, or the access log
         will, keep the request open for it (up to the grace); False: release it now."""

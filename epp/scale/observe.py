@@ -30,6 +30,7 @@ import secrets
 import socket
 import struct
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,9 +145,14 @@ class Relay:
         # net.unix.max_dgram_qlen (10) datagrams per socket, and an access-log batch relays dozens.
         self._backlog: dict[int, deque[bytes]] = {}
         self._retry: asyncio.TimerHandle | None = None
+        self._logged: Callable[[bool], None] | None = None
 
-    async def start(self, handoff: MemberHandoff) -> None:
+    async def start(self, handoff: MemberHandoff, logged: Callable[[bool], None] | None = None) -> None:
+        """Receive on this worker's socket; `logged(matched)` counts each relayed access-log entry
+        (whether it found its pick here: one of another replica's whose token happens to name
+        this worker does not)."""
         self.handoff = handoff
+        self._logged = logged
         path = socket_path(self.directory, self.member)
         with contextlib.suppress(FileNotFoundError):  # a dead predecessor's
             os.unlink(path)
@@ -218,6 +224,8 @@ class Relay:
         token = data[_HEADER.size:_HEADER.size + _TOKEN_CHARS].decode("ascii", "replace")
         payload = data[_HEADER.size + _TOKEN_CHARS:]
         stream = handoff.local(token)
+        if kind == LOGGED and self._logged is not None:
+            self._logged(stream is not None)
         if stream is None:
             return  # already ended (or never ours)
         self.received += 1

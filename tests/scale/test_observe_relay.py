@@ -103,20 +103,37 @@ async def test_an_access_log_entry_on_another_worker_reports_to_the_picking_one(
     from envoy.data.accesslog.v3 import accesslog_pb2
     from google.protobuf import struct_pb2
 
-    async with two_workers(tmp_path) as (_, handoffs):
+    relays = [Relay(str(tmp_path), m) for m in range(2)]
+    handoffs = [MemberHandoff(m, relays[m]) for m in range(2)]
+    receivers = [AccessLogReceiver(SimpleNamespace(handoff=h)) for h in handoffs]  # type: ignore[arg-type]
+    for relay, handoff, receiver in zip(relays, handoffs, receivers):
+        await relay.start(handoff, receiver.relayed)
+    try:
         picker = Picker()
         token = handoffs[0].expect(picker)  # type: ignore[arg-type]  # worker 0 picked
-        receiver = AccessLogReceiver(SimpleNamespace(handoff=handoffs[1]))  # type: ignore[arg-type]  # worker 1 logs
-        entry = accesslog_pb2.HTTPAccessLogEntry()
-        entry.request.request_headers[OBSERVE_TOKEN] = token
-        entry.response.response_code.value = 200
-        entry.response.response_body_bytes = 1234
+
+        def entry(token: str) -> accesslog_pb2.HTTPAccessLogEntry:
+            entry = accesslog_pb2.HTTPAccessLogEntry()
+            entry.request.request_headers[OBSERVE_TOKEN] = token
+            entry.response.response_code.value = 200
+            entry.response.response_body_bytes = 1234
+            entry.common_properties.metadata.filter_metadata["epp"].CopyFrom(
+                struct_pb2.Struct(fields={"usage": struct_pb2.Value(string_value=usage)}))
+            return entry
+
         usage = '{"prompt_tokens":5,"completion_tokens":2}'
-        entry.common_properties.metadata.filter_metadata["epp"].CopyFrom(
-            struct_pb2.Struct(fields={"usage": struct_pb2.Value(string_value=usage)}))
-        receiver.report(entry)
+        receivers[1].report(entry(token))  # worker 1 gets the access-log stream
         await wait_for(lambda: bool(picker.seen), timeout=5, what="the relayed report")
-        assert picker.seen == [("logged", (200, 1234, usage.encode()))] and receiver.reported == 1
+        assert picker.seen == [("logged", (200, 1234, usage.encode()))]
+        # Counted once, by the worker whose pick it reached.
+        assert [(r.reported, r.unmatched) for r in receivers] == [(1, 0), (0, 0)]
+        # Another replica's pick whose token happens to name worker 0: unmatched, where it was looked for.
+        receivers[1].report(entry("00" + "ab" * 8))
+        await wait_for(lambda: receivers[0].unmatched == 1, timeout=5, what="the relayed entry counted")
+        assert [(r.reported, r.unmatched) for r in receivers] == [(1, 1), (0, 0)]
+    finally:
+        for relay in relays:
+            relay.close()
 
 
 async def test_a_batch_of_entries_for_another_worker_arrives_whole(tmp_path: Path) -> None:
