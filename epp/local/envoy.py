@@ -148,6 +148,11 @@ class EnvoyConfig:
     # How long Envoy batches the access-log entries that report non-streamed responses: what
     # needs their usage (token fairness, token metrics) learns it up to this much later.
     access_log_flush_ms: int = 20
+    # What Envoy holds of them while its stream to the EPP is backed up (an EPP slow to read): past
+    # this it drops entries (`access_logs.grpc_access_log.logs_dropped`; their requests' usage is
+    # lost, counted `late` by the EPP). Envoy's default, 16 KiB, is about ten ~1.5 KB entries: a
+    # burst of responses ending together on a busy machine lost one (the replica burst test).
+    access_log_buffer_bytes: int = 1 << 20
 
     @property
     def observed(self) -> bool:
@@ -284,6 +289,7 @@ static_resources:
                 transport_api_version: V3
                 grpc_service: {{envoy_grpc: {{cluster_name: {cluster}}}}}
                 buffer_flush_interval: {self.access_log_flush_ms / 1000:g}s
+                buffer_size_bytes: {self.access_log_buffer_bytes}
               additional_request_headers_to_log: [x-epp-observe]""" for cluster in self._log_clusters())
 
     def _replica_log_clusters(self, tls: str) -> str:

@@ -68,8 +68,12 @@ async def test_a_burst_split_between_two_replicas_does_not_herd(pods, replicas) 
         # Envoy's access log reports every plain response to every replica: each counts its own
         # picks' usage (and the other's entries as unmatched).
         # (each replica's entries come on their own stream: wait for all 64 on both)
-        await wait_for(lambda: _all_reported(a, b, 64), what="every response's access-log entry, on both replicas")
-        reports = [await _reports(e) for e in (a, b)]
+        try:
+            await wait_for(lambda: _all_reported(a, b, 64), what="every response's access-log entry, on both replicas")
+        finally:
+            reports = [await _reports(e) for e in (a, b)]
+            print("access-log reports:", reports, "Envoy:", envoy.stats("access_logs"),
+                  {k: v for k, v in envoy.stats("cluster.epp").items() if "rq_" in k or "cx_" in k})
         assert [(r["logged"], r["unmatched"], r["late"]) for r in reports] == [
             (served[0], served[1], 0), (served[1], served[0], 0)], reports
         assert await _usage_counted(a, b, 64 * 400), (reports, [await e.metric(
