@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -383,6 +383,10 @@ def _modes(request_body: str, response_header: str, response_body: str, indent: 
             f"{pad}request_trailer_mode: {request_trailer}\n{pad}response_trailer_mode: {response_trailer}")
 
 
+class _PortTaken(RuntimeError):
+    """Envoy could not bind its listener or admin port."""
+
+
 class EnvoyProcess:
     """Starts Envoy with a rendered bootstrap and waits until its admin says LIVE."""
 
@@ -399,6 +403,18 @@ class EnvoyProcess:
         return f"http://127.0.0.1:{self.config.listen_port}"
 
     def start(self, timeout: float = 30.0) -> None:
+        """Start and wait for LIVE. A port of its own (listener, admin) taken between being
+        chosen free and Envoy binding it (another process's outgoing connection can get it) is
+        chosen again, twice at most: its `url` follows."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except _PortTaken as taken:
+                if attempt == 2:
+                    raise RuntimeError(str(taken)) from None
+                self.config = replace(self.config, listen_port=free_port(), admin_port=free_port())
+
+    def _start(self, timeout: float) -> None:
         bootstrap = Path(self._dir.name) / "envoy.yaml"
         bootstrap.write_text(self.config.render())
         with open(self.log_path, "wb") as log_file:
@@ -410,7 +426,11 @@ class EnvoyProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited with {self.proc.returncode}:\n{self.log_path.read_text()[-4000:]}")
+                log_text = self.log_path.read_text()[-4000:]
+                own = (f"127.0.0.1:{self.config.listen_port}'", f"127.0.0.1:{self.config.admin_port}'")
+                error = _PortTaken if "Address already in use" in log_text and any(p in log_text for p in own) \
+                    else RuntimeError
+                raise error(f"envoy exited with {self.proc.returncode}:\n{log_text}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.config.admin_port}/ready", timeout=1) as r:
                     if r.status == 200:
