@@ -42,9 +42,9 @@ from epp.datastore import Endpoint, EndpointMetrics
 from epp.shm import Int64Array, Segment, SlotArray, align
 
 _MAGIC = b"EPPBOARD"
-_VERSION = 2
+_VERSION = 3
 _HEADER = struct.Struct("=8sIIIId")  # magic, version, slots, state capacity, stats capacity, base interval
-_STATE = struct.Struct("=QddddddIIIIQBHHHHH")
+_STATE = struct.Struct("=QdddddddIIIIQBHHHHH")
 _STATS = struct.Struct("=QQQQdddH")
 MAX_ADDRESS_BYTES = 256
 MAX_ERROR_BYTES = 1024  # scrape errors are cut to 200 characters
@@ -65,6 +65,7 @@ class BoardState:
     valid: bool
     error: str
     interval: float  # seconds between the endpoint's polls now (above the board's `interval`: backed off)
+    asked: float  # when the page behind `metrics` was asked for (`Endpoint.metrics_asked`)
 
 
 class MetricsBoard:
@@ -122,7 +123,7 @@ class MetricsBoard:
         address = endpoint.address.encode()[:MAX_ADDRESS_BYTES]
         error = _cut(endpoint.scrape_error, MAX_ERROR_BYTES)
         models, active, waiting = self._names(m.models), self._names(m.active_models), self._names(m.waiting_models)
-        head = _STATE.pack(token, m.update_time, interval, m.kv_cache_usage, m.inter_token_latency, m.itl_sum, m.itl_count,
+        head = _STATE.pack(token, m.update_time, endpoint.metrics_asked, interval, m.kv_cache_usage, m.inter_token_latency, m.itl_sum, m.itl_count,
                            m.waiting_queue_size, m.running_requests, m.max_active_models, m.cache_block_size,
                            m.cache_num_blocks, 1 if endpoint.metrics_valid else 0, len(address), len(error),
                            len(models), len(active), len(waiting))
@@ -151,7 +152,7 @@ class MetricsBoard:
         if got is None:
             return None
         version, payload = got
-        (token, update_time, interval, kv, itl, itl_sum, itl_count, waiting_queue, running, max_active, block_size, num_blocks,
+        (token, update_time, asked, interval, kv, itl, itl_sum, itl_count, waiting_queue, running, max_active, block_size, num_blocks,
          valid, n_address, n_error, n_models, n_active, n_waiting) = _STATE.unpack_from(payload)
         tail = payload[_STATE.size:]
         known = self._tails.get(slot)
@@ -173,7 +174,7 @@ class MetricsBoard:
         # holds it): this runs for every poll of every endpoint
         metrics = EndpointMetrics(waiting_queue, running, kv, models, active, waiting, max_active, block_size,
                                   num_blocks, update_time, itl, itl_sum, itl_count)
-        return BoardState(version, token, address, metrics, bool(valid), error, interval)
+        return BoardState(version, token, address, metrics, bool(valid), error, interval, asked)
 
     def read_stats(self, slot: int) -> tuple[int, ScrapeStats] | None:
         """(token, stats) as last published, or None."""

@@ -365,7 +365,7 @@ class ScraperProcess:
                 continue  # left by the slot's previous endpoint
             endpoint = owner.endpoint
             if state.metrics.update_time != endpoint.metrics.update_time:
-                endpoint.update_metrics(state.metrics)
+                endpoint.update_metrics(state.metrics, state.asked)
             endpoint.metrics_valid = state.valid
             endpoint.scrape_error = state.error
             self._watch.saw(board, slot, state, endpoint)

@@ -90,7 +90,7 @@ class _Worker:
     done: Callable[[bytes | None, BaseException | None], None] | None = None  # the GET's callback
     next_at: float = 0.0  # loop time the current or next poll is due
     started: float = 0.0  # perf_counter at the start of the poll in flight
-    asked_at: float = 0.0  # the datastore's clock then: its page's `update_time`
+    asked_at: float = 0.0  # the datastore's clock then (`Endpoint.metrics_asked`)
     stopped: bool = False
     failing: bool = False
     failure_kind: str = ""  # what the current failure is, to log again when it changes kind
@@ -299,9 +299,7 @@ class MetricsScraper:
                 raise error
             assert body is not None
             self._check_engine(worker)
-            # Stamped with the time it was asked for, not read: the ledger's requests that ended
-            # in between are still on the page (`EndpointLoad.mark_scrape`).
-            result = self.extractor.extract(endpoint, body, worker.asked_at, worker.memory)
+            result = self.extractor.extract(endpoint, body, self.datastore.clock(), worker.memory)
             if result.invalid:
                 raise InvalidMetrics(result.invalid)
             if result.metrics is None:
@@ -317,7 +315,8 @@ class MetricsScraper:
             self._failed(worker, _describe(exc, self.timeout), exc)
         else:
             self._back_off(worker, endpoint.metrics, result.metrics)
-            endpoint.update_metrics(result.metrics)
+            # (with when it was asked for: the ledger's requests that ended in between are still on it)
+            endpoint.update_metrics(result.metrics, worker.asked_at)
             stats.last_success = result.metrics.update_time
             if result.problems != stats.problems:
                 if result.problems:

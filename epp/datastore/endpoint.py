@@ -36,8 +36,7 @@ def split_host_port(address: str) -> tuple[str, int]:
 class EndpointMetrics:
     """One scrape of a model server, immutable so a reader never sees half an update.
 
-    `update_time` is on the datastore's clock (monotonic seconds): when the page was asked for
-    (the pod wrote it then or a little later); 0.0 means never scraped.
+    `update_time` is on the datastore's clock (monotonic seconds); 0.0 means never scraped.
     """
 
     waiting_queue_size: int = 0
@@ -105,6 +104,9 @@ class Endpoint:
     load: EndpointLoad = field(default_factory=EndpointLoad)
     service: ServiceModel = field(default_factory=ServiceModel)
     batch_limit: BatchLimit = field(default_factory=BatchLimit)
+    # When the page behind `metrics` was asked for (the datastore's clock; the pod wrote it then or
+    # a little later): the ledger's snapshot is of that moment (`EndpointLoad.mark_scrape`).
+    metrics_asked: float = 0.0
     # `spec.address`, the key every pick reads per candidate many times over (a property cost a
     # call each time). Fixed for the endpoint's life: the datastore keys endpoints by it, and a
     # new spec for the same key keeps it.
@@ -114,15 +116,17 @@ class Endpoint:
         self.labels = dict(self.spec.labels)
         self.address = self.spec.address
 
-    def update_metrics(self, metrics: EndpointMetrics) -> None:
-        """A new valid scrape (the data layer's one write): the ledger notes what it held then."""
+    def update_metrics(self, metrics: EndpointMetrics, asked: float = 0.0) -> None:
+        """A new valid scrape (the data layer's one write), its page asked for at `asked` (0:
+        when it was read, `update_time`): the ledger notes what it held then."""
         # What the EPP sent in the last two steps may wait for the next one (the scraped gauges
         # are the last step's end, and it admits what arrived during it).
         step = self.load.step_seconds
         since = metrics.update_time - 2.0 * step if step > 0.0 else self.metrics.update_time
         self.metrics = metrics
         self.metrics_valid = True
-        self.load.mark_scrape(metrics.update_time)
+        self.metrics_asked = asked or metrics.update_time
+        self.load.mark_scrape(self.metrics_asked)
         self.batch_limit.observe(metrics.running_requests, metrics.waiting_queue_size, metrics.kv_cache_usage,
                                  self.load.prefill_backlog, self.service.prior.max_batched_tokens,
                                  self.load.sent_since(since))

@@ -92,7 +92,7 @@ class BoardReader:
                 self._watch.forget(slot)
                 continue
             if state.metrics.update_time != endpoint.metrics.update_time:
-                endpoint.update_metrics(state.metrics)
+                endpoint.update_metrics(state.metrics, state.asked)
             endpoint.metrics_valid = state.valid
             endpoint.scrape_error = state.error
             self._watch.saw(board, slot, state, endpoint)

@@ -61,6 +61,7 @@ def test_the_board_round_trips_a_state_and_stats() -> None:
                                      cache_num_blocks=1 << 33, update_time=12.5, inter_token_latency=0.02,
                                      itl_sum=4.5, itl_count=300.0)
         ep.metrics_valid = False
+        ep.metrics_asked = 12.25  # (the page was asked for before it arrived)
         ep.scrape_error = "invalid metrics: vllm:kv_cache_usage_perc: 85.0 is not a valid fraction"
         assert reader.versions(4) == [0, 0, 0, 0] and reader.read_state(2) is None
         version = board.publish_state(2, 77, ep)
@@ -68,7 +69,7 @@ def test_the_board_round_trips_a_state_and_stats() -> None:
         assert state is not None and (state.version, state.token, state.address) == (version, 77, "10.0.0.1:8000")
         assert state.metrics == ep.metrics
         assert (state.metrics.itl_sum, state.metrics.itl_count) == (4.5, 300.0)
-        assert (state.valid, state.error) == (False, ep.scrape_error)
+        assert (state.valid, state.error, state.asked) == (False, ep.scrape_error, 12.25)
         assert reader.versions(4)[2] == version
         stats = ScrapeStats(scrapes=9, errors=2, consecutive_errors=1, last_duration=0.001, last_success=12.5,
                             last_error="HTTP 500", problems=("vllm:lora_requests_info: not found",),
@@ -89,6 +90,7 @@ async def test_metrics_reach_the_datastore_from_the_child(servers: list[FakeMode
     m = ep.metrics
     assert (m.waiting_queue_size, m.running_requests, m.cache_block_size, m.cache_num_blocks) == (8, 4, 128, 64)
     assert m.update_time <= time.monotonic()  # the child stamps with the clock every process shares
+    assert 0 < ep.metrics_asked <= m.update_time  # and says when it asked for the page (the ledger's snapshot)
     assert scraper.pid is not None and scraper.pid != os.getpid()
     server.body = IDLE
     await wait_until(lambda: ep.metrics.running_requests == 0, "new values")
