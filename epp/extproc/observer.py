@@ -123,7 +123,9 @@ class Handoff:
             if self.late == 1 or self.late % 1000 == 0:  # said, not repeated per request
                 log.warning("%d response(s) ended without their report within %.1f s (their usage is not counted): "
                             "an observer stream that did not end, or an access-log entry that did not come "
-                            "(is Envoy's epp-response-log reaching this EPP?); "
+                            "(is Envoy's epp-response-log reaching this EPP? Envoy's "
+                            "access_logs.grpc_access_log.logs_dropped counts the entries it dropped while this "
+                            "EPP read them too slowly); "
                             "inference_extension_response_reports_total{outcome=\"late\"} counts them",
                             self.late, self.grace)
             stream.close_unobserved()
