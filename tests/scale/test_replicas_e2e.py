@@ -62,7 +62,11 @@ async def test_a_burst_split_between_two_replicas_does_not_herd(pods, replicas) 
     envoy = envoy_for(a, b)  # round-robin per stream: each replica takes half
     try:
         counts = await burst_counts(pods, envoy, 64, LONG, (a, b))
-        assert all(15 <= c <= 17 for c in counts.values()), counts
+        # 16 ± 2: each replica sees the other's picks a moment late (a Redis round trip), so in a
+        # burst it can make up for some of them and not yet for others (14 once in ~40 runs on
+        # a busy machine); a herd puts twice that on one pod. (Whether each sees the other's
+        # wave at all is the next test's.)
+        assert all(14 <= c <= 18 for c in counts.values()), counts
         served = [await a.metric("inference_objective_request_total"), await b.metric("inference_objective_request_total")]
         assert min(served) >= 16, served  # both replicas took a good part of it
         # Envoy's access log reports every plain response to every replica: each counts its own
