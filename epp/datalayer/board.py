@@ -123,8 +123,8 @@ class MetricsBoard:
         address = endpoint.address.encode()[:MAX_ADDRESS_BYTES]
         error = _cut(endpoint.scrape_error, MAX_ERROR_BYTES)
         models, active, waiting = self._names(m.models), self._names(m.active_models), self._names(m.waiting_models)
-        head = _STATE.pack(token, m.update_time, endpoint.metrics_asked, interval, m.kv_cache_usage, m.inter_token_latency, m.itl_sum, m.itl_count,
-                           m.waiting_queue_size, m.running_requests, m.max_active_models, m.cache_block_size,
+        head = _STATE.pack(token, m.update_time, endpoint.metrics_asked, interval, m.kv_cache_usage,
+                           m.inter_token_latency, m.itl_sum, m.itl_count, m.waiting_queue_size, m.running_requests, m.max_active_models, m.cache_block_size,
                            m.cache_num_blocks, 1 if endpoint.metrics_valid else 0, len(address), len(error),
                            len(models), len(active), len(waiting))
         return self._state.write(slot, b"".join((head, address, error, models, active, waiting)))
@@ -152,8 +152,8 @@ class MetricsBoard:
         if got is None:
             return None
         version, payload = got
-        (token, update_time, asked, interval, kv, itl, itl_sum, itl_count, waiting_queue, running, max_active, block_size, num_blocks,
-         valid, n_address, n_error, n_models, n_active, n_waiting) = _STATE.unpack_from(payload)
+        (token, update_time, asked, interval, kv, itl, itl_sum, itl_count, waiting_queue, running, max_active,
+         block_size, num_blocks, valid, n_address, n_error, n_models, n_active, n_waiting) = _STATE.unpack_from(payload)
         tail = payload[_STATE.size:]
         known = self._tails.get(slot)
         if known is not None and known[0] == tail:  # address, error and names as last time: the usual case

@@ -175,9 +175,9 @@ class EndpointLoad:
     # explain (traffic the EPP did not send) from what it can.
     requests_at_scrape: int = 0
     pending_at_scrape: int = 0
-    # When this writer's requests here ended, and left the prefill queue, since the last scrape
-    # was taken (clock times, oldest first): a page taken before an exit and read after it still
-    # shows that request (`mark_scrape`).
+    # When this writer's requests here ended, and left the prefill queue, since the last page was
+    # asked for (clock times, oldest first): a page asked for before an exit and read after it
+    # still shows that request (`mark_scrape`).
     ended_at: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_MAX))
     unqueued_at: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_MAX))
     footprint_at_scrape: int = 0
@@ -366,15 +366,15 @@ class EndpointLoad:
         self.decode_output += item.output_tokens
         self.decode_ending += ending_weight(item.output_tokens)
 
-    def mark_scrape(self, taken: float = math.inf) -> None:
-        """New scraped metrics arrived, taken at `taken`: remember what the EPP had outstanding
-        then. A request that ended (or left the prefill queue) after the page was taken is still
-        on it: read as traffic the ledger cannot explain, a pod that had just served one request
-        looked busier than an idle one (a stale `waiting` of 1 outweighed a whole prompt's cache
-        credit). What was sent since counts as the EPP's, as the page may already show it.
-        (`taken` by default: after everything the ledger holds.)"""
-        self.requests_at_scrape = self.requests + _after(self.ended_at, taken)
-        self.pending_at_scrape = len(self.pending) + _after(self.unqueued_at, taken)
+    def mark_scrape(self, asked: float = math.inf) -> None:
+        """New scraped metrics arrived, their page asked for at `asked`: remember what the EPP had
+        outstanding then. A request that ended (or left the prefill queue) after the page was
+        asked for is still on it: read as traffic the ledger cannot explain, a pod that had just
+        served one request looked busier than an idle one (a stale `waiting` of 1 outweighed a
+        whole prompt's cache credit). What was sent since counts as the EPP's, as the page may
+        already show it. (`asked` by default: after everything the ledger holds.)"""
+        self.requests_at_scrape = self.requests + _after(self.ended_at, asked)
+        self.pending_at_scrape = len(self.pending) + _after(self.unqueued_at, asked)
         self.footprint_at_scrape = self.footprint_tokens
         self.prefill_total_at_scrape = self.prefill_total
 
@@ -550,8 +550,8 @@ class EndpointLoad:
         return max(0.0, backlog)
 
 
-def _after(times: deque[float], taken: float) -> int:
-    """How many of `times` (ascending) are later than `taken`; the others are dropped."""
-    while times and times[0] <= taken:
+def _after(times: deque[float], moment: float) -> int:
+    """How many of `times` (ascending) are later than `moment`; the others are dropped."""
+    while times and times[0] <= moment:
         times.popleft()
     return len(times)
