@@ -33,9 +33,14 @@ def server_binary() -> str:
                             "or valkey-server")
 
 
+class _Exited(RuntimeError):
+    """The server exited before it answered."""
+
+
 class RedisServer:
     def __init__(self, port: int = 0) -> None:
         self.port = port or free_port()
+        self._chosen = not port  # a port chosen free may be taken before the server binds it
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -43,6 +48,18 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 20.0) -> None:
+        """Start and wait for PONG; on a port this chose itself, a server that exits at once
+        (another process took the port in between) is started again on another, twice at most."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except _Exited:
+                if not self._chosen or attempt == 2:
+                    raise RuntimeError(f"redis-server exited with {self.proc.returncode if self.proc else '?'}") \
+                        from None
+                self.port = free_port()
+
+    def _start(self, timeout: float) -> None:
         self.proc = subprocess.Popen(
             [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--protected-mode", "no", "--loglevel", "warning"],
@@ -50,7 +67,7 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+                raise _Exited()
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                     sock.sendall(b"PING\r\n")

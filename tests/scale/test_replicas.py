@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import uuid
 
 import pytest
@@ -183,3 +184,29 @@ async def test_a_replica_of_another_layout_is_ignored_and_said_once(redis_url: s
         assert len(said) == 1
         assert "10.0.0.1:8000" not in link.peers["old-version"].endpoints
         assert sum(inflight(refreshed(a)).values()) == 0
+
+
+def test_the_redis_server_started_on_a_port_taken_meanwhile_moves_to_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port chosen free can be taken before the server binds it: it starts again on another
+    (as the local Envoy and `epp serve` in the tests do)."""
+    from epp.local import redis_server
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ports = iter([taken])
+        monkeypatch.setattr(redis_server, "free_port", lambda: next(ports, 0) or _free())
+        server = redis_server.RedisServer()
+        try:
+            server.start()
+            assert server.port != taken
+            assert server.url.endswith(f":{server.port}/0")
+        finally:
+            server.stop()
+
+
+def _free() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
