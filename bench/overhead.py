@@ -122,15 +122,26 @@ async def measure(args: argparse.Namespace) -> str:
         sim.stop()
 
 
-def pod_cpu_seconds(pid: int) -> float:
-    """CPU of a process and its live descendants (an `epp serve --workers N` pod: the supervisor
-    and its members)."""
-    total = cpu_seconds(pid)
+def pod_cpu_parts(pid: int) -> dict[str, float]:
+    """CPU seconds of a process and its live descendants (an `epp serve --workers N` pod), by part:
+    `main` (the process started: a pod's supervisor, or the one EPP process), `scraper` (the
+    scraper process), `workers` (the other descendants: the pod's members)."""
+    parts = {"main": cpu_seconds(pid), "scraper": 0.0, "workers": 0.0}
+    for child in _descendants(pid):
+        try:
+            command = open(f"/proc/{child}/cmdline", "rb").read()
+        except OSError:
+            continue
+        parts["scraper" if b"scrape_process" in command else "workers"] += cpu_seconds(child)
+    return parts
+
+
+def _descendants(pid: int) -> list[int]:
     try:
-        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+        children = [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
     except OSError:
-        return total
-    return total + sum(pod_cpu_seconds(int(child)) for child in children)
+        return []
+    return children + [d for c in children for d in _descendants(c)]
 
 
 async def measure_workers(args: argparse.Namespace) -> str:
@@ -169,14 +180,15 @@ async def measure_workers(args: argparse.Namespace) -> str:
         for url in paths.values():
             await closed_loop(url, body, 4, 1.0)
         closed: dict[str, list] = {name: [] for name in paths}
-        cpu: dict[str, float] = {name: 0.0 for name in paths}
+        cpu: dict[str, dict[str, float]] = {name: {"main": 0.0, "scraper": 0.0, "workers": 0.0} for name in paths}
         for _ in range(args.rounds):
             for name, url in paths.items():
                 print(f"closed loop: {name}", file=sys.stderr)
-                before = pod_cpu_seconds(pod_of[name]) if name in pod_of else 0.0
+                before = pod_cpu_parts(pod_of[name]) if name in pod_of else {}
                 closed[name].append(await closed_loop(url, body, args.concurrency, args.duration))
                 if name in pod_of:
-                    cpu[name] += pod_cpu_seconds(pod_of[name]) - before
+                    for part, seconds in pod_cpu_parts(pod_of[name]).items():
+                        cpu[name][part] += seconds - before.get(part, 0.0)
         merged = {}
         for name, results in closed.items():
             m = results[0]
@@ -189,13 +201,18 @@ async def measure_workers(args: argparse.Namespace) -> str:
                  f"{args.pods} simulated pods, default config, TLS; the EPP Envoys cap streams per EPP connection "
                  f"at {args.epp_streams}. Everything (client, Envoys, EPP processes, pods) shares this machine's cores.", "",
                  f"Machine load average at the end: {machine_load()}.", "",
-                 "| path | req/s | ÷ envoy only | p50 ms | p99 ms | errors | EPP CPU ms/req (all its processes) |",
-                 "|---|---|---|---|---|---|---|"]
+                 "| path | req/s | ÷ envoy only | p50 ms | p99 ms | errors | EPP CPU ms/req (all its processes) | "
+                 "of which main / workers / scraper |",
+                 "|---|---|---|---|---|---|---|---|"]
         for name, m in merged.items():
             requests = len(m.latencies)
-            per_request = f"{cpu[name] / requests * 1000:.2f}" if name in pod_of and requests else ""
+            per_request = parts = ""
+            if name in pod_of and requests:
+                share = {part: seconds / requests * 1000 for part, seconds in cpu[name].items()}
+                per_request = f"{sum(share.values()):.2f}"
+                parts = f"{share['main']:.2f} / {share['workers']:.2f} / {share['scraper']:.2f}"
             lines.append(f"| {name} | {m.rps:,.0f} | {m.rps / base:.2f} | {pct(m.latencies, 0.5) * 1000:.2f} | "
-                         f"{pct(m.latencies, 0.99) * 1000:.2f} | {m.errors} | {per_request} |")
+                         f"{pct(m.latencies, 0.99) * 1000:.2f} | {m.errors} | {per_request} | {parts} |")
         figures = getattr(args, "figures", {})
         for workers in (1, 2):
             figures[f"throughput_ratio_workers_{workers}"] = merged[f"envoy + epp --workers {workers}"].rps / base
