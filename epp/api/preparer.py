@@ -20,7 +20,6 @@ from epp.api.request import TOKENIZED_PROMPT, InferenceRequest  # noqa: F401 (re
 from epp.plugin import Plugin
 
 
-
 class RequestPreparer(Plugin):
     """A plugin with an async step before admission (e.g. `token-producer`)."""
 

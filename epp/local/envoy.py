@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -51,6 +52,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class PortTaken(RuntimeError):
+    """A server could not bind a port chosen free for it: another process (an outgoing connection
+    can get a port just released) took it in between."""
+
+
+def start_on_free_ports(start: Callable[[], None], choose_again: Callable[[], None], attempts: int = 3) -> None:
+    """`start()`; while it raises `PortTaken`, `choose_again()` (new ports) and start again, up to
+    `attempts` times in all."""
+    for attempt in range(attempts):
+        try:
+            return start()
+        except PortTaken:
+            if attempt + 1 == attempts:
+                raise
+            choose_again()
 
 
 def stop_child(proc: subprocess.Popen[bytes] | None) -> None:
@@ -383,10 +401,6 @@ def _modes(request_body: str, response_header: str, response_body: str, indent: 
             f"{pad}request_trailer_mode: {request_trailer}\n{pad}response_trailer_mode: {response_trailer}")
 
 
-class _PortTaken(RuntimeError):
-    """Envoy could not bind its listener or admin port."""
-
-
 class EnvoyProcess:
     """Starts Envoy with a rendered bootstrap and waits until its admin says LIVE."""
 
@@ -406,13 +420,10 @@ class EnvoyProcess:
         """Start and wait for LIVE. A port of its own (listener, admin) taken between being
         chosen free and Envoy binding it (another process's outgoing connection can get it) is
         chosen again, twice at most: its `url` follows."""
-        for attempt in range(3):
-            try:
-                return self._start(timeout)
-            except _PortTaken as taken:
-                if attempt == 2:
-                    raise RuntimeError(str(taken)) from None
-                self.config = replace(self.config, listen_port=free_port(), admin_port=free_port())
+        def choose_again() -> None:
+            self.config = replace(self.config, listen_port=free_port(), admin_port=free_port())
+
+        start_on_free_ports(lambda: self._start(timeout), choose_again)
 
     def _start(self, timeout: float) -> None:
         bootstrap = Path(self._dir.name) / "envoy.yaml"
@@ -428,7 +439,7 @@ class EnvoyProcess:
             if self.proc.poll() is not None:
                 log_text = self.log_path.read_text()[-4000:]
                 own = (f"127.0.0.1:{self.config.listen_port}'", f"127.0.0.1:{self.config.admin_port}'")
-                error = _PortTaken if "Address already in use" in log_text and any(p in log_text for p in own) \
+                error = PortTaken if "Address already in use" in log_text and any(p in log_text for p in own) \
                     else RuntimeError
                 raise error(f"envoy exited with {self.proc.returncode}:\n{log_text}")
             try:

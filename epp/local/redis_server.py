@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from epp.local.envoy import free_port, stop_child
+from epp.local.envoy import PortTaken, free_port, start_on_free_ports, stop_child
 
 
 def server_binary() -> str:
@@ -33,10 +33,6 @@ def server_binary() -> str:
                             "or valkey-server")
 
 
-class _Exited(RuntimeError):
-    """The server exited before it answered."""
-
-
 class RedisServer:
     def __init__(self, port: int = 0) -> None:
         self.port = port or free_port()
@@ -50,14 +46,10 @@ class RedisServer:
     def start(self, timeout: float = 20.0) -> None:
         """Start and wait for PONG; on a port this chose itself, a server that exits at once
         (another process took the port in between) is started again on another, twice at most."""
-        for attempt in range(3):
-            try:
-                return self._start(timeout)
-            except _Exited:
-                if not self._chosen or attempt == 2:
-                    raise RuntimeError(f"redis-server exited with {self.proc.returncode if self.proc else '?'}") \
-                        from None
-                self.port = free_port()
+        def choose_again() -> None:
+            self.port = free_port()
+
+        start_on_free_ports(lambda: self._start(timeout), choose_again)
 
     def _start(self, timeout: float) -> None:
         self.proc = subprocess.Popen(
@@ -66,8 +58,9 @@ class RedisServer:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise _Exited()
+            if self.proc.poll() is not None:  # (its output is not kept: exiting at once is all we see)
+                error = PortTaken if self._chosen else RuntimeError
+                raise error(f"redis-server exited with {self.proc.returncode}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                     sock.sendall(b"PING\r\n")

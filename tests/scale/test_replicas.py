@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from epp.api.request import Api, InferenceRequest
+from epp.local.envoy import free_port
 from epp.runner import EndpointPicker
 from epp.scheduling.plugins.approx_prefix_cache_producer import ApproxPrefixCacheProducer
 from tests.conftest import running_picker
@@ -196,7 +197,7 @@ def test_the_redis_server_started_on_a_port_taken_meanwhile_moves_to_another(mon
         holder.listen()
         taken = holder.getsockname()[1]
         ports = iter([taken])
-        monkeypatch.setattr(redis_server, "free_port", lambda: next(ports, 0) or _free())
+        monkeypatch.setattr(redis_server, "free_port", lambda: next(ports, 0) or free_port())
         server = redis_server.RedisServer()
         try:
             server.start()
@@ -204,9 +205,3 @@ def test_the_redis_server_started_on_a_port_taken_meanwhile_moves_to_another(mon
             assert server.url.endswith(f":{server.port}/0")
         finally:
             server.stop()
-
-
-def _free() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
