@@ -1168,12 +1168,12 @@ def test_an_overloaded_pool_still_tells_its_pods_apart_by_their_load() -> None:
     it does would rank a long generation on its peers' rates alone. Once the candidates' mean
     compute utilisation passes 0.8 each pod's is read relative to the pool's, so the least loaded
     is charged least, the mean pod at 0.8's busy factor; the prediction does not move, and a pool
-    below 0.8 on average is read as it is."""
-    def overloaded(works: list[float], **options: bool) -> list[Prediction]:
+    below 0.8 on average, or whose excess is prefill, is read as it is."""
+    def overloaded(works: list[float], prefill_share: float = 0.0, **options: bool) -> list[Prediction]:
         store = pool()
         for ep, work in zip(store.endpoints(), works):
             item = Outstanding(500, 0, 50, 99.0, predicted_ttft=0.05)
-            ep.load.add(item, 99.0, work, 0.0)
+            ep.load.add(item, 99.0, work, work * prefill_share)
             ep.load.first_byte(item, 99.05)
             ep.load.mark_scrape()
         producer = PredictedLatencyProducer(datastore=store, **options)
@@ -1194,9 +1194,12 @@ def test_an_overloaded_pool_still_tells_its_pods_apart_by_their_load() -> None:
     charged = [externality(p) for p in relative]
     assert charged == sorted(charged) and charged[-1] > 3.0 * charged[0] > 0.0
     assert [p.ttft for p in relative] == [p.ttft for p in flat]
-    # Below 0.8 on average: as it was.
+    # Below 0.8 on average: as it was. Nor where the excess is prefill (a backlog of prompts,
+    # over half a pod's time on average): there the cap keeps documents from being copied cold.
     light = [w * 0.6 / (sum(utilizations) / len(utilizations)) for w in works]
     assert overloaded(light) == overloaded(light, relative_utilization=False)
+    assert overloaded(works, 0.5) == overloaded(works, 0.5, relative_utilization=False)
+    assert overloaded(works, 0.1) != overloaded(works, 0.1, relative_utilization=False)
     # The configuration's switch.
     config = with_parameters("predicted-latency-producer", "{relativeUtilization: false}")
     producer = load_config(config, pool()).plugins["predicted-latency-producer"]

@@ -45,7 +45,7 @@ charged as work the pool cannot absorb. Short of that, a full pod with a queue i
 prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
 at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
 compute and its KV cache in the externality (`_kv_utilization`), its compute read relative to the
-pool's once the candidates' mean passes 0.8 (`_utilization_scale`); and, however full the pool,
+pool's in a decode overload (`_utilization_scale`); and, however full the pool,
 past the cap where the pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
 after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
 recompute of its next request (`_charge_evictions`). On a pod whose KV cache is full with a
@@ -120,9 +120,10 @@ Parameters (all optional):
   cache stays under half full with it as a hit (`_credit_copies`' fourth case), so each document
   of a pool with room starts on two pods or more and its requests take the less busy of them.
 - `relativeUtilization` (true): once the candidates' mean compute utilisation passes 0.8 (an
-  overload), read each pod's relative to the pool's, scaled so the mean reads 0.8
-  (`_utilization_scale`), so the busy factor, capped at u = 0.95, still tells the pods apart
-  and a long generation's externality does not outweigh its own wait.
+  overload) while their prefill's stays under 0.5 (the excess is decode), read each pod's
+  relative to the pool's, scaled so the mean reads 0.8 (`_utilization_scale`), so the busy
+  factor, capped at u = 0.95, still tells the pods apart and a long generation's externality
+  does not outweigh its own wait.
 - `tailWeight` (1.0; 0: off) and `tailQuantile` (0.9): charge each candidate `tailWeight` × the
   seconds its TTFT would run beyond the pool's running `tailQuantile` of observed first tokens,
   and its externality `tailWeight` × the share of the pod's recent first tokens beyond it
@@ -186,8 +187,10 @@ _KV_FORECAST_BINDS = 0.8
 _KV_FORECAST_SAMPLES = 50  # responses of the model before its output lengths are trusted there
 _BUSY_CAP = 1.0 / (1.0 - _MAX_UTILIZATION)  # the busy factor 1 / (1 - u) at the cap
 # Past this mean compute utilisation of the candidates, each pod's is read relative to the pool's
-# (`_utilization_scale`), so the busy factor still tells the pods apart.
+# (`_utilization_scale`), so the busy factor still tells the pods apart; not while their mean
+# prefill utilisation exceeds `_PREFILL_BACKLOG` (a backlog of prompts, not of decode).
 _POOL_UTILIZATION = 0.8
+_PREFILL_BACKLOG = 0.5
 # A prefix this long (a document, not a system prompt) is placed, not balanced: a copy of it costs
 # a whole prefill, so where it lives decides what each later request of it costs. Its young second
 # copy (`_early_copy`) and its copy past a slower holder that takes its requests (`_credit_copies`)
@@ -1347,7 +1350,8 @@ def _charge_tail(endpoints: list[Endpoint], found: list[Prediction], tail: float
 
 def _utilization_scale(endpoints: list[Endpoint], now: float) -> float:
     """What each candidate's compute utilisation is multiplied by in the busy factor: 1 while the
-    candidates' mean is at most `_POOL_UTILIZATION`, else what brings that mean down to it.
+    candidates' mean is at most `_POOL_UTILIZATION` or their mean prefill utilisation exceeds
+    `_PREFILL_BACKLOG`, else what brings that mean down to `_POOL_UTILIZATION`.
 
     The busy factor 1 / (1 - u) amplifies what a pick adds to the requests after it by how close
     the pod runs to its capacity, and it is capped (u = 0.95). A pool offered more decode work
@@ -1366,11 +1370,28 @@ def _utilization_scale(endpoints: list[Endpoint], now: float) -> float:
     TTFT p99 went 657 -> 520 ms and the batch tenant was shed 25 -> 0 times; read relative
     from a mean of 0.6, the quick pool's B2B overload went 1.07x -> 1.08x the weighted sum's
     p90 (1.05x from 0.8). The KV floor and the overflow, which measure each pod against its own
-    cache, are not scaled."""
-    if not endpoints:
+    cache, are not scaled.
+
+    Not where the excess is prefill: a cold start's documents, or the B2B overload's stream of
+    them, queue prompts that each pod must compute once, and there the cap is what keeps a
+    document from being copied cold onto a pod that looks a little less busy. Read relative
+    there, the 8 H100 + 8 A100 pool's B2B overload went 1.00x / 1.10x -> 1.17x / 1.23x the
+    weighted sum's TTFT p90 / p99, and a warming pool of long documents (8 H100 + 4 A100, its
+    first 12 s) made 63 cold copies where it had made 55 (the prefill utilisation there reads
+    1-4; the head-of-line mix's 0.3-0.4; gated from 0.8, the warming pool's mean flapped across
+    it and made 63 again)."""
+    count = len(endpoints)
+    if not count:
         return 1.0
-    mean = sum(ep.load.utilization_at(now) for ep in endpoints) / len(endpoints)
-    return _POOL_UTILIZATION / mean if mean > _POOL_UTILIZATION else 1.0
+    work = prefill = 0.0
+    for ep in endpoints:
+        load = ep.load
+        work += load.utilization_at(now)
+        prefill += load.prefill_utilization_at(now)
+    mean = work / count
+    if mean <= _POOL_UTILIZATION or prefill / count > _PREFILL_BACKLOG:
+        return 1.0
+    return _POOL_UTILIZATION / mean
 
 
 def _kv_utilization(ep: Endpoint) -> float:
