@@ -1163,49 +1163,6 @@ def test_a_pod_whose_kv_cache_is_fuller_than_its_compute_is_as_busy_as_its_cache
     assert all(most[a].cost == pytest.approx(baseline[a].cost) for a in addresses)
 
 
-def test_an_overloaded_pool_still_tells_its_pods_apart_by_their_load() -> None:
-    """Past the busy factor's cap (u = 0.95) every pod reads alike: a pool offered more work than
-    it does would rank a long generation on its peers' rates alone. Once the candidates' mean
-    compute utilisation passes 0.8 each pod's is read relative to the pool's, so the least loaded
-    is charged least, the mean pod at 0.8's busy factor; the prediction does not move, and a pool
-    below 0.8 on average, or whose excess is prefill, is read as it is."""
-    def overloaded(works: list[float], prefill_share: float = 0.0, **options: bool) -> list[Prediction]:
-        store = pool()
-        for ep, work in zip(store.endpoints(), works):
-            item = Outstanding(500, 0, 50, 99.0, predicted_ttft=0.05)
-            ep.load.add(item, 99.0, work, work * prefill_share)
-            ep.load.first_byte(item, 99.05)
-            ep.load.mark_scrape()
-        producer = PredictedLatencyProducer(datastore=store, **options)
-        return producer.predict_all(store.endpoints(), None, 2000, 1500, 100.0, store.models.get("m"))
-
-    def externality(p: Prediction) -> float:
-        return p.cost - p.credited_ttft
-
-    works = [3.5, 5.0, 6.5, 8.0]  # pod-seconds of work sent a second ago
-    store = pool()
-    for ep, work in zip(store.endpoints(), works):
-        ep.load.add(Outstanding(500, 0, 50, 99.0), 99.0, work, 0.0)
-    utilizations = [ep.load.utilization_at(100.0) for ep in store.endpoints()]
-    assert min(utilizations) > 0.95  # every pod past the cap
-    flat = overloaded(works, relative_utilization=False)
-    assert max(map(externality, flat)) == pytest.approx(min(map(externality, flat)))
-    relative = overloaded(works)
-    charged = [externality(p) for p in relative]
-    assert charged == sorted(charged) and charged[-1] > 3.0 * charged[0] > 0.0
-    assert [p.ttft for p in relative] == [p.ttft for p in flat]
-    # Below 0.8 on average: as it was. Nor where the excess is prefill (a backlog of prompts,
-    # over half a pod's time on average): there the cap keeps documents from being copied cold.
-    light = [w * 0.6 / (sum(utilizations) / len(utilizations)) for w in works]
-    assert overloaded(light) == overloaded(light, relative_utilization=False)
-    assert overloaded(works, 0.5) == overloaded(works, 0.5, relative_utilization=False)
-    assert overloaded(works, 0.1) != overloaded(works, 0.1, relative_utilization=False)
-    # The configuration's switch.
-    config = with_parameters("predicted-latency-producer", "{relativeUtilization: false}")
-    producer = load_config(config, pool()).plugins["predicted-latency-producer"]
-    assert isinstance(producer, PredictedLatencyProducer) and producer.relative_utilization is False
-
-
 def evicting(reused: float, *, blocks: int = 2000, warm: bool = False, busy_pods: int = 1, returned: bool = True,
              eviction_charge: bool = True) -> tuple[list[str], dict[str, Prediction]]:
     """A ~1,000-token prompt over `PODS` idle pods of `blocks` KV blocks each, when `reused` of the

@@ -14,7 +14,7 @@ import pytest
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSpec, ModelStats, Outstanding, StepCosts
 from epp.datastore.service_model import ServiceModel
 from epp.scheduling.plugins.predicted_latency_producer import (_KV_FULL, PredictedLatencyProducer, _full_with_queue,
-                                                               _kv_states, _kv_utilization, _utilization_scale)
+                                                               _kv_states, _kv_utilization)
 from epp.scheduling.prefix_match import PrefixMatch
 from epp.datastore import Datastore
 
@@ -90,11 +90,10 @@ def test_predict_all_equals_the_reference_on_random_states(seed: int) -> None:
     kv_forecast = rng.random() < 0.5
     fast = producer.predict_all(endpoints, match, prompt, output, now, stats, "src", arrivals, model, certainty,
                                 kv_floor, kv_pressure, kv_forecast)
-    u_scale = _utilization_scale(endpoints, now)
     for ep, got in zip(endpoints, fast):
         assert got == producer._predict(ep, match, prompt, output, now, stats, "src", arrivals, model,
                                         producer.assumed_batch_limit(endpoints), certainty, kv_floor,
-                                        kv_pressure, kv_forecast, u_scale), ep.name
+                                        kv_pressure, kv_forecast), ep.name
 
 
 @pytest.mark.parametrize("seed", range(20))

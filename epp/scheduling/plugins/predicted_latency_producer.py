@@ -44,8 +44,7 @@ on whichever of its full pods), and a copy of a prefix its holders have
 charged as work the pool cannot absorb. Short of that, a full pod with a queue is ranked for a cold
 prompt at the pace it admits (`_charge_drain`), while at least half the pool has room; and while
 at least half the candidates' KV caches have room, a pod counts as busy as the fuller of its
-compute and its KV cache in the externality (`_kv_utilization`), its compute read relative to the
-pool's in a decode overload (`_utilization_scale`); and, however full the pool,
+compute and its KV cache in the externality (`_kv_utilization`); and, however full the pool,
 past the cap where the pick would overflow its cache (`_kv_overflow`). A prompt that comes back soon
 after it came in cold is charged, on a pod whose cache turns over too fast to keep it, the
 recompute of its next request (`_charge_evictions`). On a pod whose KV cache is full with a
@@ -119,11 +118,6 @@ Parameters (all optional):
   or its best holder is still computing a long prefill, value a copy on an idle candidate whose
   cache stays under half full with it as a hit (`_credit_copies`' fourth case), so each document
   of a pool with room starts on two pods or more and its requests take the less busy of them.
-- `relativeUtilization` (true): once the candidates' mean compute utilisation passes 0.8 (an
-  overload) while their prefill's stays under 0.5 (the excess is decode), read each pod's
-  relative to the pool's, scaled so the mean reads 0.8 (`_utilization_scale`), so the busy
-  factor, capped at u = 0.95, still tells the pods apart and a long generation's externality
-  does not outweigh its own wait.
 - `tailWeight` (1.0; 0: off) and `tailQuantile` (0.9): charge each candidate `tailWeight` × the
   seconds its TTFT would run beyond the pool's running `tailQuantile` of observed first tokens,
   and its externality `tailWeight` × the share of the pod's recent first tokens beyond it
@@ -186,11 +180,6 @@ _KV_PRESSURE_SECONDS = 10.0
 _KV_FORECAST_BINDS = 0.8
 _KV_FORECAST_SAMPLES = 50  # responses of the model before its output lengths are trusted there
 _BUSY_CAP = 1.0 / (1.0 - _MAX_UTILIZATION)  # the busy factor 1 / (1 - u) at the cap
-# Past this mean compute utilisation of the candidates, each pod's is read relative to the pool's
-# (`_utilization_scale`), so the busy factor still tells the pods apart; not while their mean
-# prefill utilisation exceeds `_PREFILL_BACKLOG` (a backlog of prompts, not of decode).
-_POOL_UTILIZATION = 0.8
-_PREFILL_BACKLOG = 0.5
 # A prefix this long (a document, not a system prompt) is placed, not balanced: a copy of it costs
 # a whole prefill, so where it lives decides what each later request of it costs. Its young second
 # copy (`_early_copy`) and its copy past a slower holder that takes its requests (`_credit_copies`)
@@ -208,7 +197,7 @@ class PredictedLatencyProducer(DataProducer):
                  saturated_pool: bool = True, drain_charge: bool = True, kv_utilization: bool = True,
                  eviction_charge: bool = True, slot_charge: bool = True, young_prefix_charge: bool = True,
                  kv_time_charge: bool = True, kv_filling_charge: bool = True, kv_forecast_charge: bool = True,
-                 young_copy_credit: bool = True, relative_utilization: bool = True,
+                 young_copy_credit: bool = True,
                  tail_weight: float = 1.0, tail_quantile: float = 0.9) -> None:
         super().__init__(name)
         self.datastore = datastore
@@ -232,7 +221,6 @@ class PredictedLatencyProducer(DataProducer):
         self.kv_filling_charge = kv_filling_charge
         self.kv_forecast_charge = kv_forecast_charge
         self.young_copy_credit = young_copy_credit
-        self.relative_utilization = relative_utilization
         self._kv_full_at = -math.inf  # when a candidate was last full with a queue (`_kv_filling_charge`)
         self.tail_weight = tail_weight
         datastore.ttft_tail.quantile = tail_quantile
@@ -269,7 +257,6 @@ class PredictedLatencyProducer(DataProducer):
         kv_filling_charge = params.bool("kvFillingCharge", True)
         kv_forecast_charge = params.bool("kvForecastCharge", True)
         young_copy_credit = params.bool("youngCopyCredit", True)
-        relative_utilization = params.bool("relativeUtilization", True)
         tail_weight = params.float("tailWeight", 1.0, min=0.0, max=100.0)
         tail_quantile = params.float("tailQuantile", 0.9, min=0.5, max=0.999)
         params.done()
@@ -278,7 +265,7 @@ class PredictedLatencyProducer(DataProducer):
                    kv_utilization=kv_utilization, eviction_charge=eviction_charge, slot_charge=slot_charge,
                    young_prefix_charge=young_prefix_charge, kv_time_charge=kv_time_charge,
                    kv_filling_charge=kv_filling_charge, kv_forecast_charge=kv_forecast_charge,
-                   young_copy_credit=young_copy_credit, relative_utilization=relative_utilization,
+                   young_copy_credit=young_copy_credit,
                    tail_weight=tail_weight, tail_quantile=tail_quantile)
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
@@ -628,22 +615,21 @@ class PredictedLatencyProducer(DataProducer):
                 stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
                 length_certainty: float = 0.0, kv_floor: bool = False, kv_pressure: bool = False,
                 kv_forecast: bool = False) -> Prediction:
-        """One candidate's prediction (`predict_all` of one, its utilisation read as it is)."""
+        """One candidate's prediction (`predict_all` of one)."""
         return self.predict_all([ep], match, prompt, output, now, stats, source, arrivals_per_pod, model,
-                                length_certainty, kv_floor, kv_pressure, kv_forecast, u_scale=1.0)[0]
+                                length_certainty, kv_floor, kv_pressure, kv_forecast)[0]
 
     def predict_all(self, endpoints: list[Endpoint], match: PrefixMatch | None, prompt: int, output: int,
                     now: float, stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0,
                     model: str = "", length_certainty: float = 0.0, kv_floor: bool = False,
                     kv_pressure: bool = False, kv_forecast: bool = False,
-                    kv_uses: list[float] | None = None, u_scale: float | None = None) -> list[Prediction]:
+                    kv_uses: list[float] | None = None) -> list[Prediction]:
         """Every candidate's prediction. This runs for each candidate of every request, so the
         per-request terms are computed once and the cheap cases of each wait are decided inline;
         it computes exactly what `_predict` (the readable form, kept for reference) does, in the
         same order of operations, so the results are identical to the last bit (a test holds
         them so on random states). `kv_uses`: each candidate's `_kv_utilization`, when the caller
-        has it already; `u_scale`: what each compute utilisation is multiplied by (None:
-        `_utilization_scale` of the candidates, or 1 with `relativeUtilization` off)."""
+        has it already."""
         mean_output = stats.mean_output_tokens
         mean_prompt = stats.mean_prompt_tokens
         unexplained_context = mean_prompt + mean_output * 0.5
@@ -662,8 +648,6 @@ class PredictedLatencyProducer(DataProducer):
         append = out.append
         if kv_uses is None:
             kv_uses = [_kv_utilization(ep) for ep in endpoints]
-        if u_scale is None:
-            u_scale = _utilization_scale(endpoints, now) if self.relative_utilization else 1.0
         configured_seqs = self.prior.max_num_seqs
         for ep, kv_use in zip(endpoints, kv_uses):
             load, service, metrics = ep.load, ep.service, ep.metrics
@@ -769,7 +753,6 @@ class PredictedLatencyProducer(DataProducer):
                 rate = pick_rate * decay if pick_rate > 0.0 else 0.0
             else:
                 utilization = prefill_utilization = rate = 0.0
-            utilization *= u_scale
             kv_overflow = 0.0
             if kv_floor and kv_use > utilization:
                 utilization = kv_use
@@ -841,10 +824,9 @@ class PredictedLatencyProducer(DataProducer):
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
                  stats: ModelStats, source: str = "", arrivals_per_pod: float = 0.0, model: str = "",
                  assumed_seqs: int = 0, length_certainty: float = 0.0, kv_floor: bool = False,
-                 kv_pressure: bool = False, kv_forecast: bool = False, u_scale: float = 1.0) -> Prediction:
+                 kv_pressure: bool = False, kv_forecast: bool = False) -> Prediction:
         """The prediction for one candidate, term by term (what `predict_all` computes faster);
-        `assumed_seqs`: `assumed_batch_limit` of the candidates (0: the configured limit);
-        `u_scale`: `_utilization_scale` of the candidates."""
+        `assumed_seqs`: `assumed_batch_limit` of the candidates (0: the configured limit)."""
         load, service, metrics = ep.load, ep.service, ep.metrics
         mean_output = stats.mean_output_tokens
         prior = service.prior
@@ -900,8 +882,8 @@ class PredictedLatencyProducer(DataProducer):
         work = own_seconds + output * share
         # ... of its compute, or of its KV cache where that is fuller (`_kv_utilization`); and,
         # however full the others, beyond the cap where the pick would overflow the KV cache
-        # (`_kv_overflow`). Read relative to the pool's where that is past `_POOL_UTILIZATION`.
-        utilization = load.utilization_at(now) * u_scale
+        # (`_kv_overflow`).
+        utilization = load.utilization_at(now)
         if kv_floor:
             utilization = max(utilization, _kv_utilization(ep))
         kv_overflow = _kv_overflow(ep, own, output, running_output)
@@ -1346,52 +1328,6 @@ def _charge_tail(endpoints: list[Endpoint], found: list[Prediction], tail: float
         if charge > 0.0:
             p.tail_charge = charge
             p.cost += charge
-
-
-def _utilization_scale(endpoints: list[Endpoint], now: float) -> float:
-    """What each candidate's compute utilisation is multiplied by in the busy factor: 1 while the
-    candidates' mean is at most `_POOL_UTILIZATION` or their mean prefill utilisation exceeds
-    `_PREFILL_BACKLOG`, else what brings that mean down to `_POOL_UTILIZATION`.
-
-    The busy factor 1 / (1 - u) amplifies what a pick adds to the requests after it by how close
-    the pod runs to its capacity, and it is capped (u = 0.95). A pool offered more decode work
-    than it does (a burst, a mix of long generations that fills the caches over a minute) reads
-    at the cap on every pod, and the factor no longer tells them apart: the externality then
-    follows the pods' recent pick rates and step lengths alone, and a long generation's, tens of
-    seconds of its peers' time, outweighs its own wait. On 16 pods at 1.3x the head-of-line
-    mix's rate every pod read u = 1.0-1.8 (the work sent there, in pod-seconds per second), and
-    the long generations went to pods with another long prompt queued, ranked a few percent
-    cheaper there: their TTFT p90 342 ms against the greedy oracle's 207, and the whole mix's
-    p99 253 against 200 (BENCHMARKS.md round 46). Read relative to the pool, the mean pod sits at
-    `_POOL_UTILIZATION` and the busier ones above it, so the load still ranks, and the
-    externality weighs a mean pod's decode at the busy factor of 5, not the cap's 20: in an
-    overload the requests after this one wait whatever the pick, as a saturated pool's ranking
-    says too (`_rank_saturated`). With 1.3x the multi-tenant mix on 8 H100 + 8 A100 pods the
-    TTFT p99 went 657 -> 520 ms and the batch tenant was shed 25 -> 0 times; read relative
-    from a mean of 0.6, the quick pool's B2B overload went 1.07x -> 1.08x the weighted sum's
-    p90 (1.05x from 0.8). The KV floor and the overflow, which measure each pod against its own
-    cache, are not scaled.
-
-    Not where the excess is prefill: a cold start's documents, or the B2B overload's stream of
-    them, queue prompts that each pod must compute once, and there the cap is what keeps a
-    document from being copied cold onto a pod that looks a little less busy. Read relative
-    there, the 8 H100 + 8 A100 pool's B2B overload went 1.00x / 1.10x -> 1.17x / 1.23x the
-    weighted sum's TTFT p90 / p99, and a warming pool of long documents (8 H100 + 4 A100, its
-    first 12 s) made 63 cold copies where it had made 55 (the prefill utilisation there reads
-    1-4; the head-of-line mix's 0.3-0.4; gated from 0.8, the warming pool's mean flapped across
-    it and made 63 again)."""
-    count = len(endpoints)
-    if not count:
-        return 1.0
-    work = prefill = 0.0
-    for ep in endpoints:
-        load = ep.load
-        work += load.utilization_at(now)
-        prefill += load.prefill_utilization_at(now)
-    mean = work / count
-    if mean <= _POOL_UTILIZATION or prefill / count > _PREFILL_BACKLOG:
-        return 1.0
-    return _POOL_UTILIZATION / mean
 
 
 def _kv_utilization(ep: Endpoint) -> float:
