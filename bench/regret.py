@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 
 from bench.sim_common import md_table
 from epp.sim.cluster.cluster import Cluster
-from epp.sim.cluster.epp_router import EppRouter
-from epp.sim.cluster.routers import OracleRouter, Router
+from epp.sim.cluster.routers import OracleRouter
 from epp.sim.cluster.simulate import make_router
 from epp.sim.cluster.traffic import Job
 from epp.sim.cluster.workload import load_workload
@@ -47,19 +46,6 @@ class ClassRegret:
     def quantile(self, q: float) -> float:
         ordered = sorted(self.regrets)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
-
-
-def _own_ttfts(router: Router, pods: int) -> list[float] | None:
-    """The EPP's predicted TTFT of every pod for its last pick (None: not the EPP, or no prediction)."""
-    if not isinstance(router, EppRouter) or router._last is None or router._last.result is None:
-        return None
-    predictions = router._last.result.cycle.predictions
-    by_pod: list[float] = [math.inf] * pods
-    for address, index in router._index.items():
-        p = predictions.get(address)
-        if p is not None:
-            by_pod[index] = p.ttft
-    return by_pod
 
 
 def measure(workload_name: str, pods: str, *, policy: str = "epp", seed: int = 1,
@@ -84,7 +70,7 @@ def measure(workload_name: str, pods: str, *, policy: str = "epp", seed: int = 1
         regret = max(0.0, estimates[pod] - estimates[best])
         cls = classes[job.cls]
         cls.regrets.append(regret)
-        own = _own_ttfts(router, len(estimates))
+        own = router.predicted_ttfts()
         if regret > REGRET_SECONDS and own is not None:
             if own[pod] > own[best]:
                 cls.overridden += 1

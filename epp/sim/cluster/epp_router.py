@@ -149,6 +149,18 @@ class EppRouter(Router):
                 return value.tokens(address), math.nan
         return -1, math.nan
 
+    def predicted_ttfts(self) -> list[float] | None:
+        decision = self._last
+        if decision is None or decision.result is None:
+            return None
+        predictions = decision.result.cycle.predictions
+        by_pod = [math.inf] * len(self._index)
+        for address, index in self._index.items():
+            prediction = predictions.get(address)
+            if prediction is not None:
+                by_pod[index] = prediction.ttft
+        return by_pod
+
     def first_token(self, job: Job) -> None:
         record = job.handle
         if isinstance(record, RequestRecord):

@@ -69,6 +69,11 @@ class Router(ABC):
         chosen pod had cached (-1: it keeps no prefix index) and its predicted TTFT (nan: none)."""
         return -1, math.nan
 
+    def predicted_ttfts(self) -> list[float] | None:
+        """Right after `route`: the TTFT the router predicted on each pod for that pick, by pod
+        index (inf: none for that pod; None: the router predicts none)."""
+        return None
+
     def observe(self, pod: int, metrics: EndpointMetrics) -> None:
         """A scrape of `pod` (only when `wants_metrics`)."""
 
