@@ -2,6 +2,7 @@
 their pools and seeds that only holds there.
 
     python -m bench.variants [--set variants|stress] [--jobs 2] [--out DIR]
+    python -m bench.variants --set stress --against bench/results/stress.md
 
 Each variant is a shipped workload on a pool, seed or rate the reports do not run (other splits
 of H100 and A100 pods, smaller and larger pools, seeds 2-7, 0.9-1.1x the rate); every policy of
@@ -14,6 +15,9 @@ parameters, written for it under bench/workloads-sim/stress/ (fewer or more shar
 steeper popularity, deeper agent sessions, a KV-heavy tenant mix with and without sheddable
 batch, twice the long share of the head-of-line mix), and shipped workloads at 1.3x their rate —
 where the pools' KV caches fill.
+
+`--against REPORT` checks a change to the default in a fraction of the time, as `bench.scale`'s
+does: the default alone on the set's cases, against the committed report's other policies.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.scale import POLICIES, run_cases, summary
+from bench.scale import POLICIES, compare, read_summary, run_cases, summary
 from bench.sim_common import RESULTS, SimTask, default_jobs, write_report
 from epp.sim.cluster.workload import load_workload
 
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the variants of the shipped workloads, or the stress set")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="parallel simulations")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--against", type=Path, default=None,
+                        help="the set's committed report: run the default alone and compare (as bench.scale's)")
     args = parser.parse_args(argv)
     stress = args.which == "stress"
     tasks = []
@@ -86,8 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         workload = load_workload(v.workload)
         if v.rate != 1.0:
             workload = workload.scaled(rate=v.rate)
-        for policy in POLICIES:
+        for policy in POLICIES if args.against is None else POLICIES[:1]:
             tasks.append(SimTask(f"{workload.name}/{v.label}", workload, policy, v.pods, seed=v.seed))
+    if args.against is not None:
+        against = read_summary(args.against)
+        cases, _ = run_cases(tasks, args.jobs)
+        print(compare(cases, against, args.against))
+        return 0
     cases, wall = run_cases(tasks, args.jobs)
     table, passed, total = summary(cases)
     what = ("Issue 10's shapes with parameters no report runs (workload files under bench/workloads-sim/stress/) "
