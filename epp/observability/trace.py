@@ -93,6 +93,8 @@ class DecisionRecord:
                          "recompute_ms": round(p.recompute_seconds * 1e3, 2), "saturated": p.saturated,
                          "saturation_charge_ms": round(p.saturation_charge * 1e3, 2), "young_prefix": p.young_prefix,
                          "beyond_bound_ms": round(p.beyond_bound * 1e3, 2), "ttft_bounded": p.ttft_bounded,
+                         "decode_charge_ms": round(p.decode_charge * 1e3, 2), "at_busy_cap": p.at_busy_cap,
+                         "overload_ranked": p.overload_ranked,
                          "prefix_source": p.prefix_source})
         return rows
 

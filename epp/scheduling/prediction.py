@@ -67,6 +67,11 @@ class Prediction:
     # prompt and half its output, over its prefill and decode): what the pick adds to the pod's
     # KV forecast (`EndpointLoad.kv_forecast_at`).
     kv_token_seconds: float = 0.0
+    # Of `cost`, what this request's decode adds to the steps of the requests that reach the pod
+    # meanwhile, and whether the busy factor that amplifies it is at its cap there (the pod's
+    # recent work at or past its capacity, or a pick that overflows its KV cache).
+    decode_charge: float = 0.0
+    at_busy_cap: bool = False
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
     copy_reason: str = ""  # why: "busy" (holders' queue), "choice" / "young" (a second holder) or "faster" (a faster pod)
     # Ranked on a saturated pool (every candidate's KV cache full with a queue): `cost` is
@@ -82,6 +87,10 @@ class Prediction:
     # out of the ranking; and, on those kept, that the cheapest was left out (the bound made the pick).
     beyond_bound: float = 0.0
     ttft_bounded: bool = False
+    # Set by `latency-scorer` on every candidate of a shared decode overload (every candidate at
+    # its busy cap, this request's decode charge far above its TTFT): ranked by TTFT among the
+    # candidates whose costs are within the charge's noise of the cheapest.
+    overload_ranked: bool = False
     # The share of the pool's recent cold prompts that a later request asked for again
     # (`ColdReuse`): the TTFT bound stays out at or above its `ttftBoundMaxReuse`.
     cold_prompts_reused: float = 1.0
@@ -115,4 +124,5 @@ class Prediction:
                    if self.saturation_charge else "")
                 + (f",beyond_bound={self.beyond_bound * 1e3:.1f}ms" if self.beyond_bound else "")
                 + (",bounded" if self.ttft_bounded else "")
+                + (f",overload_ranked(decode_charge={self.decode_charge * 1e3:.1f}ms)" if self.overload_ranked else "")
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

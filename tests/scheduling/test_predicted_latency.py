@@ -331,6 +331,41 @@ def test_the_scorer_ranks_on_cost_and_breaks_ties_by_work() -> None:
     assert scores[2] == pytest.approx(0.5) and scores[3] == pytest.approx(0.25)
 
 
+def test_a_shared_decode_overload_ranks_a_long_generation_by_ttft_within_its_charges_noise() -> None:
+    """Every pod at its busy cap, a long generation's cost is its decode charge (tens of seconds)
+    and differs between pods by that charge's noise: costs within 5% of the cheapest tie and the
+    one predicted to answer first wins. Not while any candidate has headroom, nor for a request
+    whose cost is mostly its own TTFT."""
+    def pred(ttft: float, cost: float, work: float) -> Prediction:
+        return Prediction(ttft=ttft, cost=cost, queued_prefill=0, own_prefill=4000, cached_tokens=0,
+                          prompt_tokens=4000, output_tokens=2000, prefill_seconds=ttft, wait_seconds=0.0,
+                          itl=0.03, work_seconds=work, credited_ttft=ttft, decode_charge=cost - ttft,
+                          at_busy_cap=True)
+
+    store = pool()
+    eps = list(store.endpoints())
+
+    def ranked(found: list[Prediction]) -> int:
+        cycle = CycleState()
+        cycle.predictions = {ep.address: p for ep, p in zip(eps, found)}
+        scores = LatencyScorer().score(cycle, request("x"), eps)
+        return max(range(len(found)), key=scores.__getitem__)
+
+    def overloaded() -> list[Prediction]:  # 20.0 s cheapest; 0.20 s to its first token against 0.45 s
+        return [pred(0.45, 20.0, 1.0), pred(0.30, 20.6, 1.1), pred(0.20, 20.9, 1.2), pred(0.10, 21.5, 0.9)]
+
+    found = overloaded()
+    assert ranked(found) == 2  # 21.5 s is beyond 5%: out of the tie, however soon it answers
+    assert all(p.overload_ranked for p in found) and "overload_ranked(decode_charge=20700.0ms)" in found[2].compact()
+    found = overloaded()
+    found[3].at_busy_cap = False  # a pod with headroom: the costs rank as always (the cheapest; 2%)
+    assert ranked(found) == 0 and not any(p.overload_ranked for p in found)
+    found = overloaded()
+    for p in found:  # a short request: its cost mostly its own TTFT
+        p.decode_charge = 0.5
+    assert ranked(found) == 0 and not any(p.overload_ranked for p in found)
+
+
 def test_the_scorer_does_not_trade_a_requests_ttft_beyond_the_bound() -> None:
     """The cheapest pick by cost can be a slow idle pod that makes this request wait 2-3x the
     fastest one's time: the bound (1.5x the fastest + 20 ms; here whatever the pool's cold prompts

@@ -31,6 +31,20 @@ loss). Applied whatever the pool's reuse, it had cost 8 H100 + 8 A100's B2B shar
 `inference_extension_cold_prompt_reuse_ratio` shows the share it is gated on; `beyond_bound=` and
 `bounded` in `x-epp-decision` show it per candidate.
 
+**A shared decode overload.** A long generation's cost is mostly its decode charge
+(`Prediction.decode_charge`: what its decode adds to the steps of the requests that reach the pod
+meanwhile, tens of seconds for 2,000 tokens on a loaded pod). While every candidate's busy factor
+is at its cap (the pool's recent work past what it can do everywhere, or the pick overflowing a
+KV cache), that charge differs between pods by a few percent, its own noise, and ranked on it
+alone such requests landed where they waited longest for their first token (head-of-line at 1.3x
+its rate, 16 pods: the long class's TTFT p90 342 ms against the greedy oracle's 207; 89% of its
+costly picks had the EPP's own prediction put another pod first). So when the cheapest
+candidate's decode charge is above 4x its TTFT and every candidate is at its cap, candidates
+within 5% of the cheapest cost tie and the one predicted to answer first wins (`overload_ranked`
+in the decision trace). Measured (`bench.variants --set stress`, TTFT p99; seeds 1-3): head-of-line
+at 1.3x 253 / 268 / 237 -> 218 / 218 / 213 ms, head-of-line-heavy 330 -> 259 ms; nothing else in
+the reports at their usual rates moved beyond their run-to-run swing (BENCHMARKS.md, round 47).
+
 Parameters: `tpotWeight` (0.0), `tieTolerance` (0.02, relative), `ttftBoundRatio` (1.5; 0: off;
 else at least 1), `ttftBoundSlackMs` (20), `ttftBoundMaxReuse` (0.5; 1: whatever the reuse).
 
@@ -61,6 +75,10 @@ if TYPE_CHECKING:
 
 _FLOOR = 1e-4  # seconds: predictions below this are equal
 _WORK_TIE = 1e-3  # how far apart tied candidates' scores are set by their work
+# A shared decode overload (the module docstring): the cheapest candidate's decode charge above
+# this many times its TTFT, and candidates within this share of the cheapest cost tie.
+_DECODE_DOMINATES = 4.0
+_OVERLOAD_TOLERANCE = 0.05
 
 
 class LatencyScorer(Scorer):
@@ -107,20 +125,24 @@ class LatencyScorer(Scorer):
             return [0.0] * len(endpoints)
         costs = [c if c > _FLOOR else _FLOOR for c in [p.cost for p in found]]  # type: ignore[union-attr]
         within = self._within_bound(found)  # type: ignore[arg-type]
+        overload = _shared_decode_overload(found, costs)  # type: ignore[arg-type]
+        tolerance = _OVERLOAD_TOLERANCE if overload else self.tie_tolerance
         if within is None:
-            scores = _relative(costs, self.tie_tolerance)
+            scores = _relative(costs, tolerance)
         else:  # ranked among the candidates within the bound; the others score 0
             kept = [i for i, ok in enumerate(within) if ok]
             scores = [0.0] * len(costs)
-            for i, v in zip(kept, _relative([costs[i] for i in kept], self.tie_tolerance)):
+            for i, v in zip(kept, _relative([costs[i] for i in kept], tolerance)):
                 scores[i] = v
         # Among the candidates that tie, the one the pick costs least work (a cached prefix
-        # rather than a second copy of it) wins; exact ties stay ties, for the picker's coin.
+        # rather than a second copy of it) wins, or in a shared decode overload the one predicted
+        # to answer first; exact ties stay ties, for the picker's coin.
         tied = [i for i, v in enumerate(scores) if v == 1.0]
         if len(tied) > 1:
-            most = max(found[i].work_seconds for i in tied) or 1.0  # type: ignore[union-attr]
+            keys = [p.ttft if overload else p.work_seconds for p in found]  # type: ignore[union-attr]
+            most = max(keys[i] for i in tied) or 1.0
             for i in tied:
-                scores[i] = 1.0 - _WORK_TIE * found[i].work_seconds / most  # type: ignore[union-attr]
+                scores[i] = 1.0 - _WORK_TIE * keys[i] / most
         w = self.tpot_weight
         if w > 0.0:
             itls = [max(_FLOOR, p.itl) for p in found]  # type: ignore[union-attr]
@@ -169,6 +191,20 @@ class LatencyScorer(Scorer):
             for p, ok in zip(found, within):
                 p.ttft_bounded = ok
         return within
+
+
+def _shared_decode_overload(found: list[Prediction], costs: list[float]) -> bool:
+    """Whether the cheapest candidate's cost is mostly this request's decode charge while every
+    candidate's busy factor is at its cap (the module docstring); marks them `overload_ranked`."""
+    cheapest = found[min(range(len(costs)), key=costs.__getitem__)]
+    if not cheapest.decode_charge > _DECODE_DOMINATES * cheapest.credited_ttft:
+        return False
+    for p in found:
+        if not p.at_busy_cap:
+            return False
+    for p in found:
+        p.overload_ranked = True
+    return True
 
 
 def _relative(values: list[float], tolerance: float) -> list[float]:

@@ -773,7 +773,8 @@ class PredictedLatencyProducer(DataProducer):
             queued_steps = ceil(queued / budget)
             newcomer_waits = 0.5 + (queued_steps if queued_steps > 1 else 1)
             blocking = own_seconds * (own - budget) / own if own > budget else 0.0
-            externality = (newcomer_waits * share * arrivals * lifetime * busy
+            decode_charge = newcomer_waits * share * arrivals * lifetime * busy
+            externality = (decode_charge
                            + (own_seconds * u_prefill + rate * blocking * blocking * 0.5) / (1.0 - u_prefill))
             if evicted:
                 externality += prefill_scale * per_prefill * evicted
@@ -818,7 +819,8 @@ class PredictedLatencyProducer(DataProducer):
             append(Prediction(ttft, credited + externality, queued, own, cached, prompt, output, prefill_seconds, wait,
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
                               own_seconds, recompute, credited, recompute_seconds, reported_wait, raw_ttft, drain,
-                              kv_overflow, slot_charge, kv_time, (own + half_output) * (own_seconds + lifetime)))
+                              kv_overflow, slot_charge, kv_time, (own + half_output) * (own_seconds + lifetime),
+                              decode_charge, busy >= _BUSY_CAP))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -901,7 +903,8 @@ class PredictedLatencyProducer(DataProducer):
         # on average (M/G/1's λ·S²/2, at the pod's own pick rate). A cold copy of a long document
         # on a pod that others' requests keep coming to costs them that.
         blocking = own_seconds * (own - budget) / own if own > budget else 0.0
-        externality = (newcomer_waits * share * arrivals * lifetime * busy
+        decode_charge = newcomer_waits * share * arrivals * lifetime * busy
+        externality = (decode_charge
                        + (own_seconds * u_prefill + load.rate_at(now) * blocking * blocking * 0.5) / (1.0 - u_prefill))
         # A full cache evicts some other prompt's prefix for this one's new blocks: that prompt's
         # next request pays the prefill again.
@@ -991,6 +994,8 @@ class PredictedLatencyProducer(DataProducer):
             slot_charge=slot_charge,
             kv_time_charge=kv_time,
             kv_token_seconds=(own + output * 0.5) * (own_seconds + lifetime),
+            decode_charge=decode_charge,
+            at_busy_cap=busy >= _BUSY_CAP,
         )
 
     @staticmethod
