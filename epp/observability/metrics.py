@@ -368,6 +368,9 @@ class EppMetrics:
     def ttft_bounded_pick(self, request: InferenceRequest) -> None:
         self.latency.ttft_bounded_pick()
 
+    def overload_ranked_pick(self, request: InferenceRequest) -> None:
+        self.latency.overload_ranked_pick()
+
     def cold_prompts_reused(self, request: InferenceRequest, share: float) -> None:
         self.latency.reused.set(share)
 

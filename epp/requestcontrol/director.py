@@ -286,6 +286,8 @@ class Director:
                     self.metrics.saturated_pick(request)
                 if prediction.ttft_bounded:
                     self.metrics.ttft_bounded_pick(request)
+                if prediction.overload_ranked:
+                    self.metrics.overload_ranked_pick(request)
                 self.metrics.cold_prompts_reused(request, prediction.cold_prompts_reused)
         else:
             load.add(item, now)

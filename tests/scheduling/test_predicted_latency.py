@@ -366,6 +366,31 @@ def test_a_shared_decode_overload_ranks_a_long_generation_by_ttft_within_its_cha
     assert ranked(found) == 0 and not any(p.overload_ranked for p in found)
 
 
+def test_a_long_generation_in_a_shared_overload_is_counted_and_traced_through_the_director() -> None:
+    """Every pod sent more work lately than it can do (its busy factor at the cap): a long
+    generation's pick is ranked on its first token, and SREs see that in the metrics and the
+    trace; a short request's is not."""
+    store = pool()
+    for ep in store.endpoints():
+        load = ep.load
+        load.work_rate, load.prefill_rate, load.pick_rate = 1.4, 0.3, 30.0
+        load.rates_at, load.rates_since = 100.0, 0.0
+    core = build_core(store, None, tick=0.05, seed=1)
+    metrics = EppMetrics(store)
+    core.director.metrics = metrics
+    decision, _ = asyncio.run(core.director.handle_request(request("q " * 3000, max_tokens=2000)))
+    found = decision.result.cycle.predictions
+    assert len(found) == PODS and all(p.at_busy_cap and p.overload_ranked for p in found.values())
+    picked = found[decision.targets[0].address]
+    assert picked.decode_charge > 4.0 * picked.credited_ttft
+    record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=decision.result)  # type: ignore[arg-type]
+    assert all(row["overload_ranked"] and row["decode_charge_ms"] > 0 for row in record.predictions())
+    assert metrics.registry.get_sample_value("inference_extension_overload_ranked_picks_total") == 1.0
+    decision, _ = asyncio.run(core.director.handle_request(request("q " * 200, max_tokens=20)))
+    assert not any(p.overload_ranked for p in decision.result.cycle.predictions.values())
+    assert metrics.registry.get_sample_value("inference_extension_overload_ranked_picks_total") == 1.0
+
+
 def test_the_scorer_does_not_trade_a_requests_ttft_beyond_the_bound() -> None:
     """The cheapest pick by cost can be a slow idle pod that makes this request wait 2-3x the
     fastest one's time: the bound (1.5x the fastest + 20 ms; here whatever the pool's cold prompts
