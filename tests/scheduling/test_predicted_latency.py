@@ -352,11 +352,14 @@ def test_a_shared_decode_overload_ranks_a_long_generation_by_ttft_within_its_cha
         return max(range(len(found)), key=scores.__getitem__)
 
     def overloaded() -> list[Prediction]:  # 20.0 s cheapest; 0.20 s to its first token against 0.45 s
-        return [pred(0.45, 20.0, 1.0), pred(0.30, 20.6, 1.1), pred(0.20, 20.9, 1.2), pred(0.10, 21.5, 0.9)]
+        return [pred(0.45, 20.0, 1.0), pred(0.30, 20.6, 1.02), pred(0.20, 20.9, 0.99), pred(0.10, 21.5, 1.0)]
 
     found = overloaded()
     assert ranked(found) == 2  # 21.5 s is beyond 5%: out of the tie, however soon it answers
     assert all(p.overload_ranked for p in found) and "overload_ranked(decode_charge=20700.0ms)" in found[2].compact()
+    found = overloaded()
+    found[2].work_seconds = 0.6  # a faster kind of pod (a mixed pool): which kind takes it stays the cost's
+    assert ranked(found) == 1
     found = overloaded()
     found[3].at_busy_cap = False  # a pod with headroom: the costs rank as always (the cheapest; 2%)
     assert ranked(found) == 0 and not any(p.overload_ranked for p in found)
