@@ -41,10 +41,11 @@ its rate, 16 pods: the long class's TTFT p90 342 ms against the greedy oracle's 
 costly picks had the EPP's own prediction put another pod first). So when the cheapest
 candidate's decode charge is above 4x its TTFT and every candidate is at its cap, candidates
 within 5% of the cheapest cost tie and the one predicted to answer first wins (`overload_ranked`
-in the decision trace) — among the pods like the cheapest (the request's work there within 5% of
-its work on the cheapest): in a pool mixing GPU types, which kind of pod takes a long generation
-stays the cost's choice (tied across kinds, 4 H100 + 12 A100 pods gave their H100s the long
-generations: head-of-line p90 / p99 2.6 / 4.7 -> 3.7 / 8.9 s). Measured (`bench.variants --set stress`, TTFT p99; seeds 1-3): head-of-line
+in the decision trace) — if the candidates are pods alike (the request's work on each within
+1.25x of the least): between pods of different speeds the charges differ by the speeds, not by
+noise (applied there, it gave the H100s of 4 H100 + 12 A100 pods the long generations,
+head-of-line p90 / p99 2.6 / 4.7 -> 3.7 / 8.9 s, and moved the mixed pools' KV-heavy overloads
+by ±30-50% at p99, for better on some seeds and worse on others). Measured (`bench.variants --set stress`, TTFT p99; seeds 1-3): head-of-line
 at 1.3x 253 / 268 / 237 -> 218 / 218 / 213 ms, head-of-line-heavy 330 -> 259 ms; nothing else in
 the reports at their usual rates moved beyond their run-to-run swing (BENCHMARKS.md, round 47).
 
@@ -79,8 +80,10 @@ if TYPE_CHECKING:
 _FLOOR = 1e-4  # seconds: predictions below this are equal
 _WORK_TIE = 1e-3  # how far apart tied candidates' scores are set by their work
 # A shared decode overload (the module docstring): the cheapest candidate's decode charge above
-# this many times its TTFT, and candidates within this share of the cheapest cost tie.
+# this many times its TTFT, on pods alike (the most work the request costs one within this many
+# times the least), and candidates within this share of the cheapest cost tie.
 _DECODE_DOMINATES = 4.0
+_LIKE_PODS = 1.25
 _OVERLOAD_TOLERANCE = 0.05
 
 
@@ -137,8 +140,6 @@ class LatencyScorer(Scorer):
             scores = [0.0] * len(costs)
             for i, v in zip(kept, _relative([costs[i] for i in kept], tolerance)):
                 scores[i] = v
-        if overload:
-            _untie_unlike_work(scores, found, costs)  # type: ignore[arg-type]
         # Among the candidates that tie, the one the pick costs least work (a cached prefix
         # rather than a second copy of it) wins, or in a shared decode overload the one predicted
         # to answer first; exact ties stay ties, for the picker's coin.
@@ -200,28 +201,25 @@ class LatencyScorer(Scorer):
 
 def _shared_decode_overload(found: list[Prediction], costs: list[float]) -> bool:
     """Whether the cheapest candidate's cost is mostly this request's decode charge while every
-    candidate's busy factor is at its cap (the module docstring); marks them `overload_ranked`."""
+    candidate's busy factor is at its cap, on pods alike (the module docstring); marks them
+    `overload_ranked`."""
     cheapest = found[min(range(len(costs)), key=costs.__getitem__)]
     if not cheapest.decode_charge > _DECODE_DOMINATES * cheapest.credited_ttft:
         return False
+    least = most = cheapest.work_seconds
     for p in found:
         if not p.at_busy_cap:
             return False
+        work = p.work_seconds
+        if work < least:
+            least = work
+        elif work > most:
+            most = work
+    if most > least * _LIKE_PODS:
+        return False  # pods of different speeds, or a prefix some hold: the charges differ by those
     for p in found:
         p.overload_ranked = True
     return True
-
-
-def _untie_unlike_work(scores: list[float], found: list[Prediction], costs: list[float]) -> None:
-    """In a shared decode overload, a candidate ties with the cheapest only if the request costs
-    it the same work (within the tolerance): a pod like the cheapest one. Which kind of pod takes
-    it, in a pool mixing GPU types, stays the cost's choice."""
-    ranked = [i for i, v in enumerate(scores) if v > 0.0]
-    cheapest = min(ranked, key=costs.__getitem__)
-    best, work = costs[cheapest], found[cheapest].work_seconds
-    for i in ranked:
-        if scores[i] == 1.0 and abs(found[i].work_seconds - work) > _OVERLOAD_TOLERANCE * work:
-            scores[i] = best / costs[i]
 
 
 def _relative(values: list[float], tolerance: float) -> list[float]:
