@@ -45,9 +45,10 @@ in the decision trace) — if the candidates are pods alike (the request's work 
 1.25x of the least): between pods of different speeds the charges differ by the speeds, not by
 noise (applied there, it gave the H100s of 4 H100 + 12 A100 pods the long generations,
 head-of-line p90 / p99 2.6 / 4.7 -> 3.7 / 8.9 s, and moved the mixed pools' KV-heavy overloads
-by ±30-50% at p99, for better on some seeds and worse on others). Measured (`bench.variants --set stress`, TTFT p99; seeds 1-3): head-of-line
-at 1.3x 253 / 268 / 237 -> 218 / 218 / 213 ms, head-of-line-heavy 330 -> 259 ms; nothing else in
-the reports at their usual rates moved beyond their run-to-run swing (BENCHMARKS.md, round 47).
+by ±30-50% at p99, for better on some seeds and worse on others). Measured (`bench.variants --set
+stress`, TTFT p99, 16 pods): head-of-line at 1.3x 253 / 268 / 237 -> 215 / 220 / 214 ms on seeds
+1-3 (p90 level), head-of-line-heavy 330 -> 270 ms; in the reports only the homogeneous pools'
+head-of-line and the quick pool's B2B overload moved (BENCHMARKS.md, round 47).
 
 Parameters: `tpotWeight` (0.0), `tieTolerance` (0.02, relative), `ttftBoundRatio` (1.5; 0: off;
 else at least 1), `ttftBoundSlackMs` (20), `ttftBoundMaxReuse` (0.5; 1: whatever the reuse).
