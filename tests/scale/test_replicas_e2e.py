@@ -131,7 +131,7 @@ async def test_a_killed_replica_leaves_no_inflight_behind(pods, replicas) -> Non
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             held = [asyncio.create_task(post(session, envoy_a.url, {**LONG, "max_tokens": 4000})) for _ in range(8)]
-            await wait_for(lambda: _at_least(b, 8), what="B sees A's requests")
+            await wait_for(lambda: _at_least(b, 8), timeout=60, what="B sees A's requests")
             assert a.proc is not None
             os.killpg(a.proc.pid, signal.SIGKILL)  # the whole pod, no goodbye
             await wait_for(lambda: _zero(b), timeout=15, what="B forgets A's counts after the peer TTL")
