@@ -27,9 +27,9 @@ ledger hold?
   a faster one was picked: a pool mixing GPU types whose slow pods sit idle while the fast ones
   are busy.
 - `inference_extension_overload_ranked_picks_total`: picks of a request whose cost was mostly its
-  decode charge while every candidate was at its busy cap (the pool's decode capacity exhausted
-  everywhere: long generations in an overload), ranked on the earliest predicted first token
-  among the candidates within 5% of the cheapest cost (`latency-scorer`). Rising: add pods, or
+  decode charge while every candidate, all pods alike, was at its busy cap (the pool's decode
+  capacity exhausted everywhere: long generations in an overload), ranked on the earliest
+  predicted first token among the candidates within 5% of the cheapest cost (`latency-scorer`). Rising: add pods, or
   shed the batch traffic.
 - `inference_extension_cold_prompt_reuse_ratio`: of the pool's recent cold prompts, the share a
   later request asked for again (documents, conversations: near 1; unrelated API calls: near 0).
@@ -163,8 +163,8 @@ class LatencyMetrics:
                                "predicted to answer beyond the bound (ratio x the fastest + slack), so the "
                                "pick was the cheapest within it.", registry=registry)
         self.overload_ranked = Counter("inference_extension_overload_ranked_picks",
-                                       "Picks ranked in a shared decode overload (every candidate at its busy "
-                                       "cap, the request's decode charge above 4x its TTFT): the earliest "
+                                       "Picks ranked in a shared decode overload (every candidate, pods alike, at "
+                                       "its busy cap, the request's decode charge above 4x its TTFT): the earliest "
                                        "predicted first token among costs within 5% of the cheapest.",
                                        registry=registry)
         self.reused = Gauge("inference_extension_cold_prompt_reuse_ratio",
