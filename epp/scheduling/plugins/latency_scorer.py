@@ -146,7 +146,8 @@ class LatencyScorer(Scorer):
         # to answer first; exact ties stay ties, for the picker's coin.
         tied = [i for i, v in enumerate(scores) if v == 1.0]
         if len(tied) > 1:
-            keys = [p.ttft if overload else p.work_seconds for p in found]  # type: ignore[union-attr]
+            keys = ([p.ttft for p in found] if overload  # type: ignore[union-attr]
+                    else [p.work_seconds for p in found])  # type: ignore[union-attr]
             most = max(keys[i] for i in tied) or 1.0
             for i in tied:
                 scores[i] = 1.0 - _WORK_TIE * keys[i] / most
