@@ -1,7 +1,7 @@
 """Variants of the scale reports' cases, for what the reports cannot show: a change tuned on
 their pools and seeds that only holds there.
 
-    python -m bench.variants [--set variants|stress] [--jobs 2] [--out DIR]
+    python -m bench.variants [--set variants|stress|fresh] [--jobs 2] [--out DIR]
     python -m bench.variants --set stress --against bench/results/stress.md
 
 Each variant is a shipped workload on a pool, seed or rate the reports do not run (other splits
@@ -15,6 +15,11 @@ parameters, written for it under bench/workloads-sim/stress/ (fewer or more shar
 steeper popularity, deeper agent sessions, a KV-heavy tenant mix with and without sheddable
 batch, twice the long share of the head-of-line mix), and shipped workloads at 1.3x their rate —
 where the pools' KV caches fill.
+
+`--set fresh` runs cases written after the default's design had settled (session 48, at commit
+9d8ab1f) and never tuned on (`fresh.md`, ~7 min): pools mostly of the fast GPU type (12 H100 +
+4 A100, 10 + 6), 24 pods, seeds 8-12, 0.8-1.2x the rate. Keep it that way: a change that loses
+here was tuned to the other reports; do not tune to it in turn.
 
 `--against REPORT` checks a change to the default in a fraction of the time, as `bench.scale`'s
 does: the default alone on the set's cases, against the committed report's other policies.
@@ -76,19 +81,43 @@ STRESS = (
     Variant("multi-tenant", "8:h100,8:a100", 1, 1.3),
 )
 
+FRESH = (
+    Variant("mixed", "12:h100,4:a100", 8),
+    Variant("head-of-line", "12:h100,4:a100", 9),
+    Variant("b2b-shared-context", "24", 10),
+    Variant("agentic-multiturn", "16", 11, 1.15),
+    Variant("zipf-system-prompts", "8:h100,8:a100", 12, 1.2),
+    Variant("long-context", "12:h100,4:a100", 8),
+    Variant("multi-tenant", "16", 9, 0.8),
+    Variant("prefix-heavy", "10:h100,6:a100", 10),
+    Variant("b2b-kv-pressure", "16", 11),
+    Variant("load-balancing", "8:h100,8:a100", 12),
+    Variant("b2b-overload", "12:h100,4:a100", 3),
+)
+
+SETS = {"variants": VARIANTS, "stress": STRESS, "fresh": FRESH}
+_WHAT = {
+    "variants": "The scale reports' workloads on pools, seeds and rates they do not run",
+    "stress": ("Issue 10's shapes with parameters no report runs (workload files under bench/workloads-sim/stress/) "
+               "and shipped workloads at 1.3x their rate"),
+    "fresh": ("Cases written after the default's design had settled and never tuned on: pools mostly of the fast "
+              "GPU type, 24 pods, seeds and rates no other report runs"),
+}
+_TITLE = {"variants": "variants", "stress": "the stress set", "fresh": "the fresh set"}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", choices=("variants", "stress"), default="variants", dest="which",
-                        help="the variants of the shipped workloads, or the stress set")
+    parser.add_argument("--set", choices=tuple(SETS), default="variants", dest="which",
+                        help="the variants of the shipped workloads, the stress set, or the fresh set")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="parallel simulations")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--against", type=Path, default=None,
                         help="the set's committed report: run the default alone and compare (as bench.scale's)")
     args = parser.parse_args(argv)
-    stress = args.which == "stress"
+    which = args.which
     tasks = []
-    for v in STRESS if stress else VARIANTS:
+    for v in SETS[which]:
         workload = load_workload(v.workload)
         if v.rate != 1.0:
             workload = workload.scaled(rate=v.rate)
@@ -101,22 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cases, wall = run_cases(tasks, args.jobs)
     table, passed, total = summary(cases)
-    what = ("Issue 10's shapes with parameters no report runs (workload files under bench/workloads-sim/stress/) "
-            "and shipped workloads at 1.3x their rate" if stress else
-            "The scale reports' workloads on pools, seeds and rates they do not run")
+    option = "" if which == "variants" else f" --set {which}"
     text = "\n".join([
-        f"# Routing quality in virtual time: {'the stress set' if stress else 'variants'}",
+        f"# Routing quality in virtual time: {_TITLE[which]}",
         "",
-        f"`python -m bench.variants{' --set stress' if stress else ''}` — {len(tasks)} simulations, {wall:.0f} s "
-        f"on this machine. {what}; every policy of a case ran the same requests "
+        f"`python -m bench.variants{option}` — {len(tasks)} simulations, {wall:.0f} s "
+        f"on this machine. {_WHAT[which]}; every policy of a case ran the same requests "
         "(`bench.scale` says how).",
         "",
-        f"**The default within the bars: {passed} of {total} {'cases' if stress else 'variants'}.**",
+        f"**The default within the bars: {passed} of {total} {'variants' if which == 'variants' else 'cases'}.**",
         "",
         table,
         "",
     ])
-    write_report(args.out / ("stress.md" if stress else "variants.md"), text, wall)
+    write_report(args.out / f"{which}.md", text, wall)
     return 0
 
 

@@ -37,3 +37,15 @@ def test_the_stress_set_is_runnable_and_is_not_a_shipped_case() -> None:
     assert len(written) == sum(1 for v in variants.STRESS if v.workload not in shipped)
     served = written["multi-tenant-kv-heavy-served"]
     assert all((c.priority or 0) >= 0 for c in served.classes)  # nothing legacy admission may shed
+
+
+def test_the_fresh_set_repeats_no_case_of_another_set() -> None:
+    """Its value is that nothing was tuned on it: no case of the reports, variants or stress set."""
+    others = {(v.workload, v.pods, v.seed, v.rate) for v in (*variants.VARIANTS, *variants.STRESS)}
+    cases = {(v.workload, v.pods, v.seed, v.rate) for v in variants.FRESH}
+    assert len(cases) == len(variants.FRESH) and not cases & others
+    reported = {p.spec for p in (*POOLS.values(), *QUICK_POOLS.values())} | {"4:h100,12:a100"}
+    for v in variants.FRESH:
+        assert load_workload(v.workload).classes
+        assert parse_pods(v.pods)
+        assert v.pods not in reported or v.seed > 7  # the reports run seeds 1-5, the variants 2-7
