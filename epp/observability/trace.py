@@ -94,7 +94,8 @@ class DecisionRecord:
                          "saturation_charge_ms": round(p.saturation_charge * 1e3, 2), "young_prefix": p.young_prefix,
                          "beyond_bound_ms": round(p.beyond_bound * 1e3, 2), "ttft_bounded": p.ttft_bounded,
                          "decode_charge_ms": round(p.decode_charge * 1e3, 2), "at_busy_cap": p.at_busy_cap,
-                         "overload_ranked": p.overload_ranked,
+                         "chunk_charge_ms": round(p.chunk_charge * 1e3, 2),
+                         "first_token_ranked": p.first_token_ranked, "overload_ranked": p.overload_ranked,
                          "prefix_source": p.prefix_source})
         return rows
 

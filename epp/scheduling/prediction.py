@@ -72,6 +72,9 @@ class Prediction:
     # recent work at or past its capacity, or a pick that overflows its KV cache).
     decode_charge: float = 0.0
     at_busy_cap: bool = False
+    # Of `cost`, what this prompt's prefill chunk adds to the first tokens of the requests still
+    # prefilling on the pod (they share the step it joins; 0: none, or its queue fills the step).
+    chunk_charge: float = 0.0
     copy_credit: float = 0.0  # seconds taken off `cost`: what a new copy of the prefix here saves others
     copy_reason: str = ""  # why: "busy" (holders' queue), "choice" / "young" (a second holder) or "faster" (a faster pod)
     # Ranked on a saturated pool (every candidate's KV cache full with a queue): `cost` is
@@ -87,9 +90,12 @@ class Prediction:
     # out of the ranking; and, on those kept, that the cheapest was left out (the bound made the pick).
     beyond_bound: float = 0.0
     ttft_bounded: bool = False
-    # Set by `latency-scorer` on every candidate of a shared decode overload (every candidate at
-    # its busy cap, this request's decode charge far above its TTFT): ranked by TTFT among the
-    # candidates whose costs are within the charge's noise of the cheapest.
+    # Set by `latency-scorer` on every candidate when this request's decode charge is far above
+    # its TTFT on pods alike: the candidates that tie on cost are told apart by the first token
+    # they would give it and delay (`ttft + chunk_charge`) rather than by the work; and in a shared
+    # decode overload (every candidate also at its busy cap) the tie is as wide as the charge's
+    # noise.
+    first_token_ranked: bool = False
     overload_ranked: bool = False
     # The share of the pool's recent cold prompts that a later request asked for again
     # (`ColdReuse`): the TTFT bound stays out at or above its `ttftBoundMaxReuse`.
@@ -124,5 +130,7 @@ class Prediction:
                    if self.saturation_charge else "")
                 + (f",beyond_bound={self.beyond_bound * 1e3:.1f}ms" if self.beyond_bound else "")
                 + (",bounded" if self.ttft_bounded else "")
-                + (f",overload_ranked(decode_charge={self.decode_charge * 1e3:.1f}ms)" if self.overload_ranked else "")
+                + (f",chunk_charge={self.chunk_charge * 1e3:.1f}ms" if self.chunk_charge else "")
+                + (f",{'overload_ranked' if self.overload_ranked else 'first_token_ranked'}"
+                   f"(decode_charge={self.decode_charge * 1e3:.1f}ms)" if self.first_token_ranked else "")
                 + (f",copy={self.copy_credit * 1e3:.1f}ms/{self.copy_reason})" if self.copy_credit else ")"))

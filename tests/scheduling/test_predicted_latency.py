@@ -334,8 +334,9 @@ def test_the_scorer_ranks_on_cost_and_breaks_ties_by_work() -> None:
 def test_a_shared_decode_overload_ranks_a_long_generation_by_ttft_within_its_charges_noise() -> None:
     """Every pod at its busy cap, a long generation's cost is its decode charge (tens of seconds)
     and differs between pods by that charge's noise: costs within 5% of the cheapest tie and the
-    one predicted to answer first wins. Not while any candidate has headroom, nor for a request
-    whose cost is mostly its own TTFT, nor among pods of different speeds."""
+    one predicted to answer first, and to delay the fewest others' first tokens, wins. With a
+    candidate below its cap the tie is the usual 2%, ranked the same. Not for a request whose
+    cost is mostly its own TTFT, nor among pods of different speeds."""
     def pred(ttft: float, cost: float, work: float) -> Prediction:
         return Prediction(ttft=ttft, cost=cost, queued_prefill=0, own_prefill=4000, cached_tokens=0,
                           prompt_tokens=4000, output_tokens=2000, prefill_seconds=ttft, wait_seconds=0.0,
@@ -361,12 +362,19 @@ def test_a_shared_decode_overload_ranks_a_long_generation_by_ttft_within_its_cha
     found[2].work_seconds = 0.6  # a faster kind of pod (a mixed pool): the charges differ by the speeds
     assert ranked(found) == 0 and not any(p.overload_ranked for p in found)
     found = overloaded()
-    found[3].at_busy_cap = False  # a pod with headroom: the costs rank as always (the cheapest; 2%)
+    found[3].at_busy_cap = False  # a pod with headroom: the usual tie (2%), nothing within it
     assert ranked(found) == 0 and not any(p.overload_ranked for p in found)
+    assert all(p.first_token_ranked for p in found) and "first_token_ranked(" in found[0].compact()
+    found = overloaded()
+    found[1].cost, found[3].at_busy_cap = 20.3, False  # within 2%: ranked by first token there too
+    assert ranked(found) == 1
+    found = overloaded()
+    found[2].chunk_charge = 0.3  # its chunk would delay the first tokens of requests prefilling there
+    assert ranked(found) == 1 and "chunk_charge=300.0ms" in found[2].compact()
     found = overloaded()
     for p in found:  # a short request: its cost mostly its own TTFT
         p.decode_charge = 0.5
-    assert ranked(found) == 0 and not any(p.overload_ranked for p in found)
+    assert ranked(found) == 0 and not any(p.overload_ranked or p.first_token_ranked for p in found)
 
 
 def test_a_long_generation_in_a_shared_overload_is_counted_and_traced_through_the_director() -> None:
@@ -387,7 +395,8 @@ def test_a_long_generation_in_a_shared_overload_is_counted_and_traced_through_th
     picked = found[decision.targets[0].address]
     assert picked.decode_charge > 4.0 * picked.credited_ttft
     record = DecisionRecord("r", 0.0, "m", "m", "", "", 0, "picked", result=decision.result)  # type: ignore[arg-type]
-    assert all(row["overload_ranked"] and row["decode_charge_ms"] > 0 for row in record.predictions())
+    assert all(row["overload_ranked"] and row["first_token_ranked"] and row["decode_charge_ms"] > 0
+               and "chunk_charge_ms" in row for row in record.predictions())
     assert metrics.registry.get_sample_value("inference_extension_overload_ranked_picks_total") == 1.0
     decision, _ = asyncio.run(core.director.handle_request(request("q " * 200, max_tokens=20)))
     assert not any(p.overload_ranked for p in decision.result.cycle.predictions.values())

@@ -50,6 +50,19 @@ stress`, TTFT p99, 16 pods): head-of-line at 1.3x 253 / 268 / 237 -> 215 / 220 /
 1-3 (p90 level), head-of-line-heavy 330 -> 270 ms; in the reports only the homogeneous pools'
 head-of-line and the quick pool's B2B overload moved (BENCHMARKS.md, round 47).
 
+**Ranked by first token, its own and the others'.** Wherever the decode charge dominates on pods
+alike, below the cap too (at the usual tie tolerance), tied candidates are told apart the same
+way, and the first tokens counted include the others': a long prompt whose prefill chunk joins
+the step of requests still prefilling on the pod delays each of their first tokens by its chunk
+(`Prediction.chunk_charge`: 100-200 ms for a few thousand tokens on an H100). The cost has always
+carried that term, but a tie 2-5% wide of a 20 s cost hides it, and the tie-break by work ignored
+it: in head-of-line-heavy (16 pods), 226 of the 234 short requests slower than 140 ms had a long
+prompt sent to their pod after them, before their first token. The key is `ttft + chunk_charge`
+(`first_token_ranked` in the decision trace). Measured (16 pods, TTFT p90 ms, seeds 1-3):
+head-of-line-heavy 150 / 152 / 155 -> 134 / 135 / 140, head-of-line at 1.3x 104 / 101 / 101 ->
+99 / 97 / 96 (the greedy oracle's 135 / 106 / 167 and 98 / 96 / 96); the p99 moves with the
+long prompts' own (BENCHMARKS.md, round 48).
+
 Parameters: `tpotWeight` (0.0), `tieTolerance` (0.02, relative), `ttftBoundRatio` (1.5; 0: off;
 else at least 1), `ttftBoundSlackMs` (20), `ttftBoundMaxReuse` (0.5; 1: whatever the reuse).
 
@@ -132,7 +145,7 @@ class LatencyScorer(Scorer):
             return [0.0] * len(endpoints)
         costs = [c if c > _FLOOR else _FLOOR for c in [p.cost for p in found]]  # type: ignore[union-attr]
         within = self._within_bound(found)  # type: ignore[arg-type]
-        overload = _shared_decode_overload(found, costs)  # type: ignore[arg-type]
+        dominated, overload = _decode_dominated(found, costs)  # type: ignore[arg-type]
         tolerance = _OVERLOAD_TOLERANCE if overload else self.tie_tolerance
         if within is None:
             scores = _relative(costs, tolerance)
@@ -142,11 +155,12 @@ class LatencyScorer(Scorer):
             for i, v in zip(kept, _relative([costs[i] for i in kept], tolerance)):
                 scores[i] = v
         # Among the candidates that tie, the one the pick costs least work (a cached prefix
-        # rather than a second copy of it) wins, or in a shared decode overload the one predicted
-        # to answer first; exact ties stay ties, for the picker's coin.
+        # rather than a second copy of it) wins, or where the decode charge dominates the one that
+        # gives this request its first token soonest and delays the fewest others' (the module
+        # docstring); exact ties stay ties, for the picker's coin.
         tied = [i for i, v in enumerate(scores) if v == 1.0]
         if len(tied) > 1:
-            keys = ([p.ttft for p in found] if overload  # type: ignore[union-attr]
+            keys = ([p.ttft + p.chunk_charge for p in found] if dominated  # type: ignore[union-attr]
                     else [p.work_seconds for p in found])  # type: ignore[union-attr]
             most = max(keys[i] for i in tied) or 1.0
             for i in tied:
@@ -201,27 +215,28 @@ class LatencyScorer(Scorer):
         return within
 
 
-def _shared_decode_overload(found: list[Prediction], costs: list[float]) -> bool:
-    """Whether the cheapest candidate's cost is mostly this request's decode charge while every
-    candidate's busy factor is at its cap, on pods alike (the module docstring); marks them
-    `overload_ranked`."""
+def _decode_dominated(found: list[Prediction], costs: list[float]) -> tuple[bool, bool]:
+    """Whether the cheapest candidate's cost is mostly this request's decode charge, on pods
+    alike, and whether, besides, every candidate's busy factor is at its cap (a shared decode
+    overload; the module docstring); marks them `first_token_ranked` and `overload_ranked`."""
     cheapest = found[min(range(len(costs)), key=costs.__getitem__)]
     if not cheapest.decode_charge > _DECODE_DOMINATES * cheapest.credited_ttft:
-        return False
+        return False, False
     least = most = cheapest.work_seconds
+    at_cap = True
     for p in found:
-        if not p.at_busy_cap:
-            return False
+        at_cap = at_cap and p.at_busy_cap
         work = p.work_seconds
         if work < least:
             least = work
         elif work > most:
             most = work
     if most > least * _LIKE_PODS:
-        return False  # pods of different speeds, or a prefix some hold: the charges differ by those
+        return False, False  # pods of different speeds, or a prefix some hold: the charges differ by those
     for p in found:
-        p.overload_ranked = True
-    return True
+        p.first_token_ranked = True
+        p.overload_ranked = at_cap
+    return True, at_cap
 
 
 def _relative(values: list[float], tolerance: float) -> list[float]:

@@ -792,8 +792,10 @@ class PredictedLatencyProducer(DataProducer):
             # _slot_charge, inline
             slot_charge = rate * slot_wait * lifetime / slots if slot_wait > 0.0 and slot_charging else 0.0
             externality += slot_charge
+            chunk_charge = 0.0
             if (load.pending or load.peer_pending) and queued < budget:
-                externality += load.prefilling_at(now) * (prefill_scale * per_prefill * min(own, budget - queued))
+                chunk_charge = load.prefilling_at(now) * (prefill_scale * per_prefill * min(own, budget - queued))
+                externality += chunk_charge
             if (load.stalled or load.pending) and service.observations:
                 wait += load.lateness(now)
             credited = prefill_seconds + wait
@@ -820,7 +822,7 @@ class PredictedLatencyProducer(DataProducer):
                               itl, step_feature if learn else 0.0, prefill_feature if learn else 0.0, source, work,
                               own_seconds, recompute, credited, recompute_seconds, reported_wait, raw_ttft, drain,
                               kv_overflow, slot_charge, kv_time, (own + half_output) * (own_seconds + lifetime),
-                              decode_charge, busy >= _BUSY_CAP))
+                              decode_charge, busy >= _BUSY_CAP, chunk_charge))
         return out
 
     def _predict(self, ep: Endpoint, match: PrefixMatch | None, prompt: int, output: int, now: float,
@@ -938,9 +940,11 @@ class PredictedLatencyProducer(DataProducer):
         # vLLM packs the waiting prefills into one step, first come first served: when what is
         # queued fits in the next step, this prompt fills the rest of it with a chunk, and each
         # request still prefilling there gets its first token that chunk's time later.
+        chunk_charge = 0.0
         if (load.pending or load.peer_pending) and queued < budget:
             chunk_seconds = service.prefill_scale * prior.per_prefill_token * min(own, budget - queued)
-            externality += load.prefilling_at(now) * chunk_seconds
+            chunk_charge = load.prefilling_at(now) * chunk_seconds
+            externality += chunk_charge
         credited = estimate.seconds + wait
         # The prediction counts the prefill the pod is expected to do that the credit leaves out:
         # this prompt's blocks it will compute again, the queued prompts' likewise, and the queued
@@ -996,6 +1000,7 @@ class PredictedLatencyProducer(DataProducer):
             kv_token_seconds=(own + output * 0.5) * (own_seconds + lifetime),
             decode_charge=decode_charge,
             at_busy_cap=busy >= _BUSY_CAP,
+            chunk_charge=chunk_charge,
         )
 
     @staticmethod
