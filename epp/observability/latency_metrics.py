@@ -28,9 +28,9 @@ ledger hold?
   are busy.
 - `inference_extension_overload_ranked_picks_total`: picks of a request whose cost was mostly its
   decode charge while every candidate, all pods alike, was at its busy cap (the pool's decode
-  capacity exhausted everywhere: long generations in an overload), ranked on the earliest
-  predicted first token among the candidates within 5% of the cheapest cost (`latency-scorer`). Rising: add pods, or
-  shed the batch traffic.
+  capacity exhausted everywhere: long generations in an overload), ranked among the candidates
+  within 5% of the cheapest cost on the earliest predicted first token plus the first tokens its
+  prefill chunk would delay (`latency-scorer`). Rising: add pods, or shed the batch traffic.
 - `inference_extension_cold_prompt_reuse_ratio`: of the pool's recent cold prompts, the share a
   later request asked for again (documents, conversations: near 1; unrelated API calls: near 0).
   The TTFT bound applies only below `ttftBoundMaxReuse` (0.5): where a cold prompt lands, its
@@ -165,7 +165,8 @@ class LatencyMetrics:
         self.overload_ranked = Counter("inference_extension_overload_ranked_picks",
                                        "Picks ranked in a shared decode overload (every candidate, pods alike, at "
                                        "its busy cap, the request's decode charge above 4x its TTFT): the earliest "
-                                       "predicted first token among costs within 5% of the cheapest.",
+                                       "predicted first token, its own and those its prefill delays, among costs "
+                                       "within 5% of the cheapest.",
                                        registry=registry)
         self.reused = Gauge("inference_extension_cold_prompt_reuse_ratio",
                             "Of the pool's recent cold prompts (no endpoint held a quarter of them), the "

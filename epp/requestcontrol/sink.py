@@ -54,8 +54,9 @@ class RequestMetricsSink(Protocol):
 
     def overload_ranked_pick(self, request: InferenceRequest) -> None:
         """The pick was ranked in a shared decode overload (every candidate at its busy cap, the
-        request's decode charge far above its TTFT): the earliest predicted first token among the
-        candidates whose costs are within the charge's noise of the cheapest."""
+        request's decode charge far above its TTFT): the earliest predicted first token, its own
+        and those its prefill chunk delays, among the candidates whose costs are within the
+        charge's noise of the cheapest."""
 
     def cold_prompts_reused(self, request: InferenceRequest, share: float) -> None:
         """At this pick, the share of the pool's recent cold prompts asked for again (the TTFT
