@@ -95,16 +95,26 @@ FRESH = (
     Variant("b2b-overload", "12:h100,4:a100", 3),
 )
 
-SETS = {"variants": VARIANTS, "stress": STRESS, "fresh": FRESH}
-_WHAT = {
-    "variants": "The scale reports' workloads on pools, seeds and rates they do not run",
-    "stress": ("Issue 10's shapes with parameters no report runs (workload files under bench/workloads-sim/stress/) "
-               "and shipped workloads at 1.3x their rate"),
-    "fresh": ("Cases written after the default's design had settled and never tuned on: pools mostly of the fast "
-              "GPU type, 24 pods, seeds and rates no other report runs"),
-}
-_TITLE = {"variants": "variants", "stress": "the stress set", "fresh": "the fresh set"}
+@dataclass(slots=True, frozen=True)
+class CaseSet:
+    """A set of variants and how its report describes them."""
 
+    cases: tuple[Variant, ...]
+    title: str  # the report's heading
+    what: str  # the report's one-line description
+    unit: str = "cases"  # what the summary counts
+
+
+SETS = {
+    "variants": CaseSet(VARIANTS, "variants", "The scale reports' workloads on pools, seeds and rates they do not run",
+                        unit="variants"),
+    "stress": CaseSet(STRESS, "the stress set",
+                      "Issue 10's shapes with parameters no report runs (workload files under "
+                      "bench/workloads-sim/stress/) and shipped workloads at 1.3x their rate"),
+    "fresh": CaseSet(FRESH, "the fresh set",
+                     "Cases written after the default's design had settled and never tuned on: pools mostly of the "
+                     "fast GPU type, 24 pods, seeds and rates no other report runs"),
+}
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
@@ -116,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the set's committed report: run the default alone and compare (as bench.scale's)")
     args = parser.parse_args(argv)
     which = args.which
+    chosen = SETS[which]
     tasks = []
-    for v in SETS[which]:
+    for v in chosen.cases:
         workload = load_workload(v.workload)
         if v.rate != 1.0:
             workload = workload.scaled(rate=v.rate)
@@ -132,13 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     table, passed, total = summary(cases)
     option = "" if which == "variants" else f" --set {which}"
     text = "\n".join([
-        f"# Routing quality in virtual time: {_TITLE[which]}",
+        f"# Routing quality in virtual time: {chosen.title}",
         "",
         f"`python -m bench.variants{option}` — {len(tasks)} simulations, {wall:.0f} s "
-        f"on this machine. {_WHAT[which]}; every policy of a case ran the same requests "
+        f"on this machine. {chosen.what}; every policy of a case ran the same requests "
         "(`bench.scale` says how).",
         "",
-        f"**The default within the bars: {passed} of {total} {'variants' if which == 'variants' else 'cases'}.**",
+        f"**The default within the bars: {passed} of {total} {chosen.unit}.**",
         "",
         table,
         "",
