@@ -80,9 +80,17 @@ def bad_request(message: str) -> EppError:
     return EppError(Code.BAD_REQUEST, message, reason="bad_request")
 
 
+# The most output tokens a request is accounted for: beyond any engine's context window, so a
+# larger limit is one the engine will reject, and counted whole it would let one client's number
+# fill a pod's in-flight tokens, its ledger's KV forecast and the prefix index's idea of its cache.
+MAX_OUTPUT_TOKENS = 1 << 20
+
+
 def token_count(value: object) -> int | None:
-    """A non-negative JSON integer (not a bool), else None: a token limit of the wrong type is the
-    engine's to reject; the EPP only needs a number it can account."""
+    """A token limit the EPP can account: a non-negative JSON integer (not a bool), at most
+    `MAX_OUTPUT_TOKENS`; else None. A limit of the wrong type or sign is the engine's to reject
+    (the body goes on as sent): counted, a negative one made the pod's in-flight tokens drift
+    up by its size at every such request's end."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
+        return value if value <= MAX_OUTPUT_TOKENS else MAX_OUTPUT_TOKENS
     return None

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from epp.api import headers as h
-from epp.api.apis import Api, BodyFields, api_for_path, bad_request
+from epp.api.apis import Api, BodyFields, api_for_path, bad_request, token_count
 from epp.api.sglang import INPUT_FIELDS as SGLANG_INPUTS
 from epp.api.sglang import parse_sglang
 from epp.api.tgi import parse_tgi
@@ -162,8 +162,8 @@ def _validate(api: Api, body: dict[str, Any]) -> None:
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+        value = token_count(body.get(key))
+        if value is not None:
             return value
     return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from epp.api.apis import Api, api_for_path
+from epp.api.apis import MAX_OUTPUT_TOKENS, Api, api_for_path
 from epp.api.engines import SGLANG, TGI, accepts_vllm_priority
 from epp.api.request import parse_request
 from epp.errors import Code, EppError
@@ -121,6 +121,22 @@ def test_wrong_typed_token_limits_are_left_to_the_engine() -> None:
     assert parse("/generate", b'{"inputs": "x", "parameters": {"max_new_tokens": "5"}}').max_tokens is None
     assert parse("/generate", b'{"inputs": "x", "parameters": {"max_new_tokens": -1}}').max_tokens is None
     assert parse("/generate", b'{"text": "x", "sampling_params": {"max_new_tokens": true}}').max_tokens is None
+
+
+def test_token_limits_are_bounded_before_they_are_accounted() -> None:
+    """A negative limit counted made the pod's in-flight tokens drift up at each such request's
+    end, and an enormous one would fill its KV forecast: both are the engine's to reject."""
+    completions = "/v1/completions"
+    assert parse(completions, b'{"model": "m", "prompt": "x", "max_tokens": -3}').max_tokens is None
+    assert parse(completions, b'{"model": "m", "prompt": "x", "max_tokens": 1.5}').max_tokens is None
+    big = b'{"model": "m", "prompt": "x", "max_tokens": 9223372036854775807}'
+    assert parse(completions, big).max_tokens == MAX_OUTPUT_TOKENS
+    chat = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1, "max_tokens": 7}'
+    assert parse("/v1/chat/completions", chat).max_tokens == 7  # the first limit it can account
+    batch = orjson.dumps({"text": ["a", "b"], "sampling_params": {"max_new_tokens": MAX_OUTPUT_TOKENS}})
+    assert parse("/generate", batch).max_tokens == MAX_OUTPUT_TOKENS
+    huge = b'{"inputs": "x", "parameters": {"max_new_tokens": 99999999999999}}'
+    assert parse("/generate", huge).max_tokens == MAX_OUTPUT_TOKENS
 
 
 def test_only_vllm_takes_flow_controls_priority_field() -> None:

@@ -219,6 +219,26 @@ async def test_streamed_response_is_echoed_and_accounting_returns_to_zero() -> N
         assert sum(ep.inflight_tokens for ep in picker.datastore.endpoints()) == 0
 
 
+async def test_a_negative_token_limit_leaves_no_inflight_tokens_behind() -> None:
+    """Two requests on one pod, the second with `max_tokens: -3`, ending in pick order: counted as
+    sent, the pod's in-flight tokens were left at 3 (the engine rejects such a limit itself)."""
+    async with running_picker(static_endpoints="10.0.0.1:8000") as picker, channel_to(picker) as channel:
+        clients = []
+        for body in (completion(stream=True), completion(stream=True, max_tokens=-3)):
+            client = ExtProcClient(channel)
+            await client.send(headers_msg(request_headers()), body_msg(body))
+            await client.recv(2)
+            clients.append(client)
+        done = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\ndata: [DONE]\n\n'
+        for client in clients:
+            await client.send(response_headers_msg({":status": "200", "content-type": "text/event-stream"}))
+            await client.recv(1)
+            await client.send(response_body_msg(done, eos=True))
+            await client.recv(1)
+        assert inflight(picker) == 0
+        assert sum(ep.inflight_tokens for ep in picker.datastore.endpoints()) == 0
+
+
 async def test_client_disconnect_after_pick_leaves_no_inflight_count() -> None:
     async with running_picker() as picker, channel_to(picker) as channel:
         client = ExtProcClient(channel)
