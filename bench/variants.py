@@ -1,7 +1,7 @@
 """Variants of the scale reports' cases, for what the reports cannot show: a change tuned on
 their pools and seeds that only holds there.
 
-    python -m bench.variants [--set variants|stress|fresh] [--jobs 2] [--out DIR]
+    python -m bench.variants [--set variants|stress|fresh|sweep] [--jobs 2] [--out DIR]
     python -m bench.variants --set stress --against bench/results/stress.md
 
 Each variant is a shipped workload on a pool, seed or rate the reports do not run (other splits
@@ -20,6 +20,10 @@ where the pools' KV caches fill.
 9d8ab1f) and never tuned on (`fresh.md`, ~7 min): pools mostly of the fast GPU type (12 H100 +
 4 A100, 10 + 6), 24 pods, seeds 8-12, 0.8-1.2x the rate. Keep it that way: a change that loses
 here was tuned to the other reports; do not tune to it in turn.
+
+`--set sweep` (`sweep.md`, ~8 min) was written in session 49 the same way: half its cases at
+0.5-0.6x the rate, where no other set runs (a lightly loaded pool is where the greedy oracle is
+strongest), half on pool sizes and mixes no other set runs. The same rule holds.
 
 `--against REPORT` checks a change to the default in a fraction of the time, as `bench.scale`'s
 does: the default alone on the set's cases, against the committed report's other policies.
@@ -95,6 +99,27 @@ FRESH = (
     Variant("b2b-overload", "12:h100,4:a100", 3),
 )
 
+# Written in session 49 and run once, like the fresh set: half at 0.5-0.6x the rate (no other set
+# runs a pool that lightly loaded), half on pools of sizes and mixes no other set runs.
+SWEEP = (
+    Variant("mixed", "16", 13, 0.5),
+    Variant("head-of-line", "8:h100,8:a100", 14, 0.5),
+    Variant("agentic-multiturn", "12", 15, 0.6),
+    Variant("zipf-system-prompts", "16", 16, 0.5),
+    Variant("multi-tenant", "6:h100,6:a100", 17, 0.6),
+    Variant("b2b-shared-context", "16", 18, 0.5),
+    Variant("long-context", "16", 19, 0.5),
+    Variant("prefix-heavy", "8:h100,8:a100", 20, 0.6),
+    Variant("load-balancing", "32", 21),
+    Variant("agentic-multiturn", "4:h100,8:a100", 22, 0.9),
+    Variant("b2b-kv-pressure", "6:h100,6:a100", 23),
+    Variant("zipf-system-prompts", "20", 24, 1.1),
+    Variant("head-of-line", "12", 25, 1.1),
+    Variant("multi-tenant", "32", 26),
+    Variant("long-context", "4:h100,12:a100", 27),
+    Variant("b2b-overload", "16", 28, 0.8),
+)
+
 @dataclass(slots=True, frozen=True)
 class CaseSet:
     """A set of variants and how its report describes them."""
@@ -114,12 +139,15 @@ SETS = {
     "fresh": CaseSet(FRESH, "the fresh set",
                      "Cases written after the default's design had settled and never tuned on: pools mostly of the "
                      "fast GPU type, 24 pods, seeds and rates no other report runs"),
+    "sweep": CaseSet(SWEEP, "the sweep set",
+                     "Cases written in session 49 and never tuned on: half at 0.5-0.6x the rate, half on pool "
+                     "sizes and mixes no other report runs (12, 20 and 32 pods; 6+6, 4+8 and 4+12 mixes)"),
 }
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__.split("\n\n")[0])
     parser.add_argument("--set", choices=tuple(SETS), default="variants", dest="which",
-                        help="the variants of the shipped workloads, the stress set, or the fresh set")
+                        help="the variants of the shipped workloads, the stress set, or a never-tuned set (fresh, sweep)")
     parser.add_argument("--jobs", type=int, default=default_jobs(), help="parallel simulations")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--against", type=Path, default=None,

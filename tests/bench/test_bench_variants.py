@@ -3,6 +3,8 @@ a case the scale reports already run (their pools on seed 1)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench import variants
 from bench.scale import POOLS, QUICK_POOLS
 from epp.sim.cluster.simulate import parse_pods
@@ -39,13 +41,16 @@ def test_the_stress_set_is_runnable_and_is_not_a_shipped_case() -> None:
     assert all((c.priority or 0) >= 0 for c in served.classes)  # nothing legacy admission may shed
 
 
-def test_the_fresh_set_repeats_no_case_of_another_set() -> None:
-    """Its value is that nothing was tuned on it: no case of the reports, variants or stress set."""
-    others = {(v.workload, v.pods, v.seed, v.rate) for v in (*variants.VARIANTS, *variants.STRESS)}
-    cases = {(v.workload, v.pods, v.seed, v.rate) for v in variants.FRESH}
-    assert len(cases) == len(variants.FRESH) and not cases & others
+@pytest.mark.parametrize("name", ["fresh", "sweep"])
+def test_a_never_tuned_set_repeats_no_case_of_another_set(name: str) -> None:
+    """Its value is that nothing was tuned on it: no case of the reports or of another set."""
+    never_tuned = variants.SETS[name].cases
+    others = {(v.workload, v.pods, v.seed, v.rate)
+              for other, chosen in variants.SETS.items() if other != name for v in chosen.cases}
+    cases = {(v.workload, v.pods, v.seed, v.rate) for v in never_tuned}
+    assert len(cases) == len(never_tuned) and not cases & others
     reported = {p.spec for p in (*POOLS.values(), *QUICK_POOLS.values())} | {"4:h100,12:a100"}
-    for v in variants.FRESH:
+    for v in never_tuned:
         assert load_workload(v.workload).classes
         assert parse_pods(v.pods)
         assert v.pods not in reported or v.seed > 7  # the reports run seeds 1-5, the variants 2-7
