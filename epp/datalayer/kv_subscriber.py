@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ class SubscriberStats:
     sockets: int = 0
 
     def observe_lag(self, seconds: float) -> None:
+        """One batch's lag (our clock less the pod's timestamp): a pod controls that stamp, so a
+        non-finite one is not counted (an infinite lag would hold the sum at infinity for good)."""
+        if not math.isfinite(seconds):
+            return
         seconds = max(0.0, seconds)
         i = 0
         while i < len(LAG_BUCKETS) and seconds > LAG_BUCKETS[i]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from tokenizers import Tokenizer
 
-from epp.datalayer.kv_subscriber import KVEventSubscriber
+from epp.datalayer.kv_subscriber import KVEventSubscriber, SubscriberStats
 from epp.datastore import Datastore, EndpointSpec
 from epp.datastore.kv_block_index import KVBlockIndex
 from epp.datastore.kv_events_config import KVEventsConfig
@@ -208,3 +208,11 @@ async def test_garbage_messages_are_counted_and_dropped() -> None:
     finally:
         pub.close()
         await sub.stop()
+
+
+def test_a_non_finite_batch_timestamp_is_not_a_lag() -> None:
+    """A pod's batch stamped -inf (or NaN) would have held the lag histogram's sum at infinity."""
+    stats = SubscriberStats()
+    for lag in (float("inf"), float("-inf"), float("nan"), 0.002):
+        stats.observe_lag(lag)
+    assert stats.lag_count == 1 and stats.lag_sum == 0.002
