@@ -16,6 +16,7 @@ import random
 
 import pytest
 
+from epp.config.defaults import DEFAULT_CONFIG
 from tests.conftest import channel_to, running_picker
 from tests.extproc.client import (
     ExtProcClient,
@@ -26,25 +27,8 @@ from tests.extproc.client import (
     response_headers_msg,
 )
 
-# The built-in default profile (`epp.config.defaults.PREDICTED_LATENCY_CONFIG`) without its metrics
-# source: the endpoints are fake.
-PREDICTED_NO_SCRAPE = """
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: approx-prefix-cache-producer
-  parameters: {maxPrefixTokensToMatch: 131072}
-- type: predicted-latency-producer
-- type: slo-headroom-tier-filter
-- type: latency-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - {pluginRef: slo-headroom-tier-filter}
-  - {pluginRef: latency-scorer}
-dataLayer:
-  sources: []
-"""
+# The built-in default profile with its metrics source off: the endpoints are fake.
+PREDICTED_NO_SCRAPE = DEFAULT_CONFIG[: DEFAULT_CONFIG.index("dataLayer:")] + "dataLayer:\n  sources: []\n"
 
 PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/generate",
          "/v1/models", "/", "/v1/completions?x=1", "//v1//completions"]
