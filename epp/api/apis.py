@@ -80,17 +80,17 @@ def bad_request(message: str) -> EppError:
     return EppError(Code.BAD_REQUEST, message, reason="bad_request")
 
 
-# The most output tokens a request is accounted for: beyond any engine's context window, so a
-# larger limit is one the engine will reject, and counted whole it would let one client's number
-# fill a pod's in-flight tokens, its ledger's KV forecast and the prefix index's idea of its cache.
+# The most output tokens a request is accounted for (a larger limit counts as this): as much as
+# the longest context windows served hold, and a bound on what one client's number can do to a
+# pod's in-flight tokens, its ledger's KV forecast and the prefix index's idea of its cache.
 MAX_OUTPUT_TOKENS = 1 << 20
 
 
 def token_count(value: object) -> int | None:
     """A token limit the EPP can account: a non-negative JSON integer (not a bool), at most
     `MAX_OUTPUT_TOKENS`; else None. A limit of the wrong type or sign is the engine's to reject
-    (the body goes on as sent): counted, a negative one made the pod's in-flight tokens drift
-    up by its size at every such request's end."""
+    (the body goes on as sent): counted, a negative one left the pod's in-flight tokens above
+    zero once requests there had ended out of order."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value if value <= MAX_OUTPUT_TOKENS else MAX_OUTPUT_TOKENS
     return None
