@@ -1,11 +1,12 @@
-"""Random hostile traffic through a real gRPC server running the built-in default profile: every
-field a client controls given the wrong type, sign or size, bodies cut short or not UTF-8,
-oversized and malformed headers, streams cancelled midway, upstream errors and broken usage.
+"""Random hostile traffic through a real gRPC server: every field a client controls given the
+wrong type, sign or size, bodies cut short or not UTF-8, oversized and malformed headers, streams
+cancelled midway, upstream errors and broken usage — under the built-in default profile, and under
+flow control (requests queued, dispatched in turn, cancelled while queued).
 
 What must hold whatever arrives: a bad request gets a 4xx with its reason (never a 5xx: the pool
 is healthy), nothing is logged as an error, and once every stream has ended the pods' in-flight
-counts, in-flight tokens and the predicted-latency ledger are back at zero. (It found a negative
-`max_tokens` leaving in-flight tokens behind: `epp.api.apis.token_count`.)"""
+counts, in-flight tokens, the predicted-latency ledger and flow control's queues are back at zero.
+(It found a negative `max_tokens` leaving in-flight tokens behind: `epp.api.apis.token_count`.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from epp.config.defaults import DEFAULT_CONFIG
 from tests.conftest import channel_to, running_picker
+from tests.flowcontrol.test_protocol import CONFIG as FLOW_CONTROL_CONFIG
 from tests.extproc.client import (
     ExtProcClient,
     body_msg,
@@ -27,8 +29,13 @@ from tests.extproc.client import (
     response_headers_msg,
 )
 
-# The built-in default profile with its metrics source off: the endpoints are fake.
-PREDICTED_NO_SCRAPE = DEFAULT_CONFIG[: DEFAULT_CONFIG.index("dataLayer:")] + "dataLayer:\n  sources: []\n"
+# The built-in default profile with its metrics source off (the endpoints are fake), and flow
+# control with two requests at a time on two pods, so that requests queue, are dispatched in turn
+# and are cancelled while queued.
+PROFILES = {
+    "default": DEFAULT_CONFIG[: DEFAULT_CONFIG.index("dataLayer:")] + "dataLayer:\n  sources: []\n",
+    "flow-control": FLOW_CONTROL_CONFIG.replace("maxConcurrency: 1", "maxConcurrency: 2"),
+}
 
 PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/generate",
          "/v1/models", "/", "/v1/completions?x=1", "//v1//completions"]
@@ -116,25 +123,32 @@ async def _one(rng: random.Random, channel, statuses: list[int]) -> None:  # typ
         await client.close()
 
 
-def _leftovers(picker) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-def]
+def _leftovers(picker) -> tuple[int, ...]:  # type: ignore[no-untyped-def]
+    """In flight (requests, tokens, ledger entries), open streams, and flow control's queued and
+    dispatched requests."""
     endpoints = picker.datastore.endpoints()
+    controller = getattr(picker.admission, "controller", None)
+    queued = (len(controller), controller.inflight) if controller is not None else (0, 0)
     return (sum(ep.inflight_requests for ep in endpoints), sum(ep.inflight_tokens for ep in endpoints),
-            sum(ep.load.requests for ep in endpoints), picker.extproc.active_streams)
+            sum(ep.load.requests for ep in endpoints), picker.extproc.active_streams, *queued)
 
 
-@pytest.mark.parametrize("seed", [49, 50])
-async def test_hostile_traffic_gets_4xx_and_leaves_no_count_behind(seed: int, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("profile", "seed"), [("default", 49), ("default", 50), ("flow-control", 51)])
+async def test_hostile_traffic_gets_4xx_and_leaves_no_count_behind(profile: str, seed: int,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(seed)
     statuses: list[int] = []
     caplog.set_level(logging.WARNING)
-    async with running_picker(config_text=PREDICTED_NO_SCRAPE) as picker, channel_to(picker) as channel:
+    async with running_picker(config_text=PROFILES[profile], static_endpoints="10.0.0.1:8000,10.0.0.2:8000",
+                              metrics_model_names="m") as picker, channel_to(picker) as channel:
         for _ in range(10):
             await asyncio.gather(*(_one(random.Random(rng.random()), channel, statuses) for _ in range(20)))
+        nothing = (0,) * 6
         for _ in range(100):  # cancelled streams end on the server's side a moment later
-            if _leftovers(picker) == (0, 0, 0, 0):
+            if _leftovers(picker) == nothing:
                 break
             await asyncio.sleep(0.05)
-        assert _leftovers(picker) == (0, 0, 0, 0)
+        assert _leftovers(picker) == nothing
     assert statuses and all(400 <= code < 500 for code in statuses), sorted(set(statuses))
     assert len(statuses) < 200  # some of it was routed
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
