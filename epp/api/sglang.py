@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from epp.api.apis import MAX_OUTPUT_TOKENS, Api, BodyFields, bad_request, token_count
+from epp.api.apis import Api, BodyFields, bad_request, token_count
 from epp.api.engines import SGLANG
 
 BASE_MODEL = SGLANG
@@ -52,12 +52,10 @@ def _max_tokens(sampling: Any, batch: int) -> int | None:
         return None
     if isinstance(sampling, dict):
         per_prompt = token_count(sampling.get("max_new_tokens"))
-        return None if per_prompt is None else min(MAX_OUTPUT_TOKENS, per_prompt * batch)
+        return None if per_prompt is None else token_count(per_prompt * batch)
     if isinstance(sampling, list) and all(isinstance(s, dict) for s in sampling):
         limits = [token_count(s.get("max_new_tokens")) for s in sampling]
-        if not limits or None in limits:
-            return None
-        return min(MAX_OUTPUT_TOKENS, sum(limits))  # type: ignore[arg-type]
+        return None if not limits or None in limits else token_count(sum(limits))  # type: ignore[arg-type]
     raise bad_request("invalid SGLang generate request: sampling_params must be an object or a list of objects")
 
 
