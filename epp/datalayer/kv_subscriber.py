@@ -42,6 +42,9 @@ MAX_MESSAGE_BYTES = 64 << 20  # a pod controls the payload: bounded before it re
 MAX_REMEMBERED_TOPICS = 32
 MAX_DP_RANKS = 1024  # distinct unknown topics warned about individually
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+MAX_LAG = 3600.0  # seconds: a stamp further back is a broken clock; counted at this, in the top bucket
+STREAM_WARNING_INTERVAL = 30.0  # seconds: one gap / restart warning per endpoint per this, with a count
+MAX_WARNED_STREAMS = 4096
 RECONNECT_MIN, RECONNECT_MAX = 0.1, 5.0
 
 
@@ -66,10 +69,11 @@ class SubscriberStats:
 
     def observe_lag(self, seconds: float) -> None:
         """One batch's lag (our clock less the pod's timestamp): a pod controls that stamp, so a
-        non-finite one is not counted (an infinite lag would hold the sum at infinity for good)."""
+        non-finite one is not counted (an infinite lag would hold the sum at infinity for good) and
+        one beyond `MAX_LAG` counts as `MAX_LAG` (two stamps of -1e308 summed to infinity too)."""
         if not math.isfinite(seconds):
             return
-        seconds = max(0.0, seconds)
+        seconds = min(max(0.0, seconds), MAX_LAG)
         i = 0
         while i < len(LAG_BUCKETS) and seconds > LAG_BUCKETS[i]:
             i += 1
@@ -94,6 +98,7 @@ class KVEventSubscriber:
         self._added: dict[str, float] = {}  # endpoint -> when discovery added it
         self._warned_silent: set[str] = set()
         self._warned_topics: set[bytes] = set()
+        self._stream_warned: dict[tuple[str, str], tuple[float, int]] = {}  # (kind, endpoint) -> (logged at, unlogged)
         self._watchdog: asyncio.Task[None] | None = None
         self._watchdog_interval = watchdog_interval or max(0.5, min(5.0, config.silent_after / 4))
         self._lookups_seen = 0
@@ -247,13 +252,13 @@ class KVEventSubscriber:
             self.stats.gaps += 1
             assert stream.expected is not None
             if not await self._replay(address, stream, stream.expected, seq):
-                log.warning("KV-event gap without replay: dropping the endpoint's entries",
-                            extra={"endpoint": address, "expected_seq": stream.expected, "got_seq": seq})
+                self._stream_warning("gap", address, "KV-event gap without replay: dropping the endpoint's entries",
+                                     expected_seq=stream.expected, got_seq=seq)
                 self.index.reset(address, "gap")
         elif verdict == "restart":
             self.stats.restarts += 1
-            log.warning("KV-event sequence went back: the engine restarted, its cache is empty",
-                        extra={"endpoint": address, "expected_seq": stream.expected, "got_seq": seq})
+            self._stream_warning("restart", address, "KV-event sequence went back: the engine restarted, its cache is "
+                                 "empty", expected_seq=stream.expected, got_seq=seq)
             self.index.reset(address, "restart")
         elif verdict == "first" and seq > 0:
             await self._replay(address, stream, 0, seq, catch_up=True)
@@ -335,6 +340,21 @@ class KVEventSubscriber:
         self._warn("unknown_topic", "KV events on a topic that names no known endpoint (want kv@<ip>:<port>@<model>, "
                    "the endpoint's address as discovery reports it)", topic=topic[:120].decode(errors="replace"),
                    known=", ".join(ep.address for ep in self.datastore.endpoints()[:8]))
+
+    def _stream_warning(self, kind: str, address: str, message: str, **fields: object) -> None:
+        """A gap or restart, logged at most once per endpoint per `STREAM_WARNING_INTERVAL` with
+        how many went unlogged since: a pod whose numbers jump at every message (a broken or hostile
+        publisher) would otherwise write a warning per message. The counters count them all."""
+        now = self.clock()
+        key = (kind, address)
+        last = self._stream_warned.get(key)
+        if last is not None and now - last[0] < STREAM_WARNING_INTERVAL:
+            self._stream_warned[key] = (last[0], last[1] + 1)
+            return
+        if last is None and len(self._stream_warned) >= MAX_WARNED_STREAMS:
+            self._stream_warned.clear()
+        self._stream_warned[key] = (now, 0)
+        log.warning(message, extra={"endpoint": address, "unlogged_since_last": last[1] if last else 0, **fields})
 
     def _warn(self, kind: str, message: str, **fields: object) -> None:
         self.stats.warnings[kind] = self.stats.warnings.get(kind, 0) + 1

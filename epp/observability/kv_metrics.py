@@ -180,7 +180,7 @@ class PrecisePrefixMetrics(Collector):
                 cumulative += v
                 pairs.append((bound, float(cumulative)))
             lag = HistogramMetricFamily("kvcache_kvevents_lag_seconds", "Seconds from the engine's batch timestamp "
-                                        "to the batch being applied to the index.")
+                                        "to the batch being applied to the index (a stamp over an hour back counts as an hour).")
             lag.add_metric([], pairs, sum_value=total)
             yield lag
         age = GaugeMetricFamily("kvcache_kvevents_endpoint_event_age_seconds",

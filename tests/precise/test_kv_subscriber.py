@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from tokenizers import Tokenizer
 
-from epp.datalayer.kv_subscriber import KVEventSubscriber, SubscriberStats
+from epp.datalayer.kv_subscriber import MAX_LAG, KVEventSubscriber, SubscriberStats
 from epp.datastore import Datastore, EndpointSpec
 from epp.datastore.kv_block_index import KVBlockIndex
 from epp.datastore.kv_events_config import KVEventsConfig
@@ -216,3 +216,6 @@ def test_a_non_finite_batch_timestamp_is_not_a_lag() -> None:
     for lag in (float("inf"), float("-inf"), float("nan"), 0.002):
         stats.observe_lag(lag)
     assert stats.lag_count == 1 and stats.lag_sum == 0.002
+    for _ in range(3):  # stamps of -1e308: finite lags whose sum is not
+        stats.observe_lag(1e308)
+    assert stats.lag_count == 4 and stats.lag_sum == 0.002 + 3 * MAX_LAG and stats.lag_buckets[-1] == 3
