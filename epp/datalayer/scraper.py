@@ -53,6 +53,10 @@ from epp.datastore import Datastore, Endpoint, EndpointMetrics
 log = logging.getLogger("epp.datalayer")
 
 MAX_ERROR_LEN = 200
+# A pod whose page flips between good and bad (or between kinds of bad) at every poll would log a
+# line per poll: at most this many of its transitions are logged per window, then one line with
+# how many were not (its stats count them all).
+TRANSITION_LOGS, TRANSITION_WINDOW = 4, 30.0
 QUIET_POLLS = 3  # polls with unchanged signals before an endpoint's interval doubles
 
 PollHook = Callable[[Endpoint, "ScrapeStats"], None]
@@ -99,6 +103,24 @@ class _Worker:
     quiet: int = 0  # successful polls in a row whose signals did not move
     backed_off_once: bool = False  # its first back-off was logged
     whole_page: bool = False  # the server refused a request for some series only: ask for all
+    logs_since: float = -TRANSITION_WINDOW  # monotonic start of the window its transition logs count in
+    logs_in_window: int = 0
+    unlogged: int = 0  # transitions not logged in the window
+
+    def may_log(self) -> bool:
+        """Whether this transition is logged (`TRANSITION_LOGS` per window; the first line of a new
+        window says how many were not)."""
+        now = time.monotonic()
+        if now - self.logs_since >= TRANSITION_WINDOW:
+            if self.unlogged:
+                log.warning("scraping %s (%s): %d more changes between failing and recovered in %.0f s, not "
+                            "logged one by one", self.endpoint.name, self.url, self.unlogged, TRANSITION_WINDOW)
+            self.logs_since, self.logs_in_window, self.unlogged = now, 0, 0
+        if self.logs_in_window < TRANSITION_LOGS:
+            self.logs_in_window += 1
+            return True
+        self.unlogged += 1
+        return False
 
     @property
     def url(self) -> str:
@@ -319,13 +341,14 @@ class MetricsScraper:
             endpoint.update_metrics(result.metrics, worker.asked_at)
             stats.last_success = result.metrics.update_time
             if result.problems != stats.problems:
-                if result.problems:
+                if result.problems and worker.may_log():
                     log.warning("scraping %s (%s): some metrics unavailable: %s",
                                 endpoint.name, worker.url, "; ".join(result.problems))
                 stats.problems = result.problems
             if worker.failing:
-                log.info("scraping %s (%s) recovered after %d failed polls",
-                         endpoint.name, worker.url, stats.consecutive_errors)
+                if worker.may_log():
+                    log.info("scraping %s (%s) recovered after %d failed polls",
+                             endpoint.name, worker.url, stats.consecutive_errors)
                 worker.failing = False
                 worker.failure_kind = ""
             stats.consecutive_errors = 0
@@ -428,8 +451,9 @@ class MetricsScraper:
             worker.failing = True
             worker.failure_kind = kind
             unexpected = not isinstance(exc, (ScrapeFailed, MetricsParseError, FetchFailed, TimeoutError))
-            log.warning("scraping %s (%s) failing: %s", worker.endpoint.name, worker.url, message,
-                        exc_info=exc if unexpected else None)
+            if worker.may_log():
+                log.warning("scraping %s (%s) failing: %s", worker.endpoint.name, worker.url, message,
+                            exc_info=exc if unexpected else None)
 
 
 def _moved(old: EndpointMetrics, new: EndpointMetrics) -> bool:

@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestServer
 
 from epp.datalayer import CoreMetricsExtractor, MetricsDataSource, MetricsScraper
 from epp.datalayer.engines import BUILTIN_ENGINES
+from epp.datalayer.scraper import TRANSITION_LOGS
 from epp.datastore import Datastore, Endpoint, EndpointSpec
 
 from .helpers import fixture_body, wait_until
@@ -35,7 +36,7 @@ class FakeModelServer:
     """A `/metrics` server whose behaviour a test switches at will."""
 
     def __init__(self) -> None:
-        self.mode = "ok"  # ok | hang | slow | garbage | binary | truncated | error | chunked | no-query
+        self.mode = "ok"  # ok | flap | hang | slow | garbage | binary | truncated | error | chunked | no-query
         self.body = BUSY
         self.requests = 0
         self.served_at: list[float] = []
@@ -50,6 +51,10 @@ class FakeModelServer:
         self.queries.append(request.query_string)
         if self.mode == "no-query" and request.query_string:
             return web.Response(status=400, text="unknown parameter")
+        if self.mode == "flap":  # every other page an error
+            if self.requests % 2:
+                return web.Response(status=500, text="boom")
+            return web.Response(body=self.body, content_type="text/plain")
         if self.mode == "hang":
             await self.release.wait()
             return web.Response(status=503)
@@ -293,6 +298,22 @@ async def test_errors_are_logged_once_when_they_start_and_once_when_they_clear(
     assert len([m for m in messages if "failing" in m]) == 2
     assert len([m for m in messages if "recovered" in m]) == 1
     assert all("pod-a" in m for m in messages)
+
+
+async def test_a_flapping_pod_does_not_write_a_line_per_poll(
+    servers: Servers, scraper: Scraper, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A page good and bad in turn: every failure counted, a few transitions logged per window."""
+    caplog.set_level(logging.INFO, logger="epp.datalayer")
+    datastore, sc = scraper
+    server = await new_server(servers, mode="flap")
+    ep = datastore.upsert(server.spec("pod-a"))
+    stats = sc.stats(ep.address)
+    assert stats is not None
+    await wait_until(lambda: stats.errors >= 20 and stats.scrapes >= 20, "twenty flips each way")
+    messages = [r.getMessage() for r in caplog.records if r.name == "epp.datalayer"]
+    transitions = [m for m in messages if "failing" in m or "recovered" in m]
+    assert len(transitions) <= TRANSITION_LOGS, transitions
 
 
 async def test_partly_missing_metrics_warn_once(
