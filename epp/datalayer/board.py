@@ -42,9 +42,9 @@ from epp.datastore import Endpoint, EndpointMetrics
 from epp.shm import Int64Array, Segment, SlotArray, align
 
 _MAGIC = b"EPPBOARD"
-_VERSION = 3
+_VERSION = 4
 _HEADER = struct.Struct("=8sIIIId")  # magic, version, slots, state capacity, stats capacity, base interval
-_STATE = struct.Struct("=QdddddddIIIIQBHHHHH")
+_STATE = struct.Struct("=QdddddddIIIIQIBHHHHH")
 _STATS = struct.Struct("=QQQQdddH")
 MAX_ADDRESS_BYTES = 256
 MAX_ERROR_BYTES = 1024  # scrape errors are cut to 200 characters
@@ -125,7 +125,7 @@ class MetricsBoard:
         models, active, waiting = self._names(m.models), self._names(m.active_models), self._names(m.waiting_models)
         head = _STATE.pack(token, m.update_time, endpoint.metrics_asked, interval, m.kv_cache_usage,
                            m.inter_token_latency, m.itl_sum, m.itl_count, m.waiting_queue_size, m.running_requests, m.max_active_models, m.cache_block_size,
-                           m.cache_num_blocks, 1 if endpoint.metrics_valid else 0, len(address), len(error),
+                           m.cache_num_blocks, m.max_model_len, 1 if endpoint.metrics_valid else 0, len(address), len(error),
                            len(models), len(active), len(waiting))
         return self._state.write(slot, b"".join((head, address, error, models, active, waiting)))
 
@@ -153,7 +153,7 @@ class MetricsBoard:
             return None
         version, payload = got
         (token, update_time, asked, interval, kv, itl, itl_sum, itl_count, waiting_queue, running, max_active,
-         block_size, num_blocks, valid, n_address, n_error, n_models, n_active, n_waiting) = _STATE.unpack_from(payload)
+         block_size, num_blocks, max_model_len, valid, n_address, n_error, n_models, n_active, n_waiting) = _STATE.unpack_from(payload)
         tail = payload[_STATE.size:]
         known = self._tails.get(slot)
         if known is not None and known[0] == tail:  # address, error and names as last time: the usual case
@@ -173,7 +173,7 @@ class MetricsBoard:
         # positional (the field order of EndpointMetrics; test_the_board_round_trips_a_state_and_stats
         # holds it): this runs for every poll of every endpoint
         metrics = EndpointMetrics(waiting_queue, running, kv, models, active, waiting, max_active, block_size,
-                                  num_blocks, update_time, itl, itl_sum, itl_count)
+                                  num_blocks, max_model_len, update_time, itl, itl_sum, itl_count)
         return BoardState(version, token, address, metrics, bool(valid), error, interval, asked)
 
     def read_stats(self, slot: int) -> tuple[int, ScrapeStats] | None:

@@ -357,6 +357,9 @@ def _extract(mapping: EngineMapping, body: bytes, samples: dict[str, list[Sample
                 number = _int_label(info, label, problems, check, invalid)
                 if number is not None:
                     found[key] = number
+            longest = _max_model_len(info)
+            if longest:
+                found["max_model_len"] = longest
     for specs, key, check in ((mapping.cache_block_size, "cache_block_size", block_size_error),
                               (mapping.cache_num_blocks, "cache_num_blocks", num_blocks_error)):
         value = _latest_value(specs, samples, problems, check, invalid)
@@ -502,6 +505,23 @@ def _adapters(csv: str) -> frozenset[str]:
     if not csv:
         return frozenset()
     return frozenset(name for name in (part.strip() for part in csv.split(",")) if name)
+
+
+MAX_MODEL_LEN = 100_000_000  # tokens: a larger reading is not believed
+
+
+def _max_model_len(info: Sample) -> int:
+    """vLLM's max_model_len, from its cache config (`kv_cache_size_tokens / kv_cache_max_concurrency`:
+    it has no label of its own), or 0 when the labels are absent (older engines) or not sensible
+    (what a pod writes is bounded before it bounds anything)."""
+    size, concurrency = info.labels.get("kv_cache_size_tokens"), info.labels.get("kv_cache_max_concurrency")
+    if size is None or concurrency is None or len(size) > 32 or len(concurrency) > 32:
+        return 0
+    try:
+        longest = float(size) / float(concurrency)
+    except (ValueError, ZeroDivisionError):
+        return 0
+    return round(longest) if math.isfinite(longest) and 1.0 <= longest <= MAX_MODEL_LEN else 0
 
 
 def _int_label(sample: Sample, label: str, problems: list[str], check: Check,

@@ -7,6 +7,7 @@ from epp.datastore.endpoint import (
     EndpointMetrics,
     EndpointSpec,
     join_host_port,
+    longest_sequence,
     split_host_port,
 )
 from epp.datastore.load import EndpointLoad, Outstanding
@@ -21,6 +22,7 @@ __all__ = [
     "EndpointMetrics",
     "EndpointSpec",
     "join_host_port",
+    "longest_sequence",
     "split_host_port",
     "EndpointLoad",
     "Outstanding",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from epp.datastore.batch_limit import BatchLimit
@@ -48,6 +48,9 @@ class EndpointMetrics:
     max_active_models: int = 0  # max_lora
     cache_block_size: int = 0  # tokens per KV block
     cache_num_blocks: int = 0  # KV blocks on the device
+    # The longest sequence (prompt + output) the engine runs, 0 when it does not say: vLLM stops a
+    # request's output there (it does not reject a larger max_tokens), so no request holds more KV.
+    max_model_len: int = 0
     update_time: float = 0.0
     # Mean inter-token latency (seconds) over the last scrape window, from the engine's histogram
     # sum/count deltas; 0.0 when unknown (first scrape, no metric) or the pod is idle.
@@ -145,3 +148,21 @@ def with_valid_metrics(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
     (fail open: a pool whose exporters all misbehave still serves, as with stale metrics)."""
     valid = [ep for ep in endpoints if ep.metrics_valid]
     return valid if valid else list(endpoints)
+
+
+def longest_sequence(endpoints: Iterable[Endpoint]) -> int:
+    """The most tokens (prompt + output) a request can hold on any of these pods: their largest
+    `max_model_len`, or 0 when one of them does not say (then nothing is known to bound it).
+
+    A client's `max_tokens` counts up to 2^20 and, until the model's output lengths are learned,
+    is the output expected; vLLM stops the output at `max_model_len` instead, so one huge limit
+    would otherwise be a footprint larger than a pod's cache — every other prefix gone from the
+    approximate index's view of it, and its KV forecast swollen."""
+    longest = 0
+    for ep in endpoints:
+        length = ep.metrics.max_model_len
+        if length <= 0:
+            return 0
+        if length > longest:
+            longest = length
+    return longest

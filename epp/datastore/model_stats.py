@@ -35,9 +35,14 @@ class ModelStats:
     limited_samples: int = 0
     free_samples: int = 0
 
-    def expected_output(self, max_tokens: int | None) -> int:
+    def expected_output(self, max_tokens: int | None, room: int = 0) -> int:
         """Tokens a request will generate (see the module docstring); `max_tokens` alone until
-        there are samples."""
+        there are samples. At most `room` when it is given (> 0): what the engine's longest
+        sequence leaves after the prompt (`longest_sequence`; vLLM stops the output there)."""
+        if room > 0:
+            if max_tokens is not None and max_tokens > room:
+                max_tokens = room  # the engine's limit is the one that binds
+            return min(room, self.expected_output(max_tokens))
         if max_tokens is not None and max_tokens > 0:
             if self.limited_samples < _MIN_SAMPLES:
                 return max_tokens

@@ -269,7 +269,8 @@ class Director:
         else:  # no predicted-latency producer configured: the service model's own estimate
             stats = self.datastore.models.get(request.target_model)
             prompt = stats.prompt_tokens(len(request.prompt))
-            output = stats.expected_output(request.max_tokens)
+            longest = endpoint.metrics.max_model_len
+            output = stats.expected_output(request.max_tokens, max(1, longest - prompt) if longest > 0 else 0)
             cached = min(prompt - 1, held_tokens(result.cycle.data, endpoint.address)) if result is not None else 0
             item = Outstanding(prompt, max(0, cached), max(1, output), now, streamed=request.stream,
                                model=request.target_model)

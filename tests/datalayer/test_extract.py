@@ -62,6 +62,7 @@ def test_vllm_fixture_busy() -> None:
     assert result.metrics == EndpointMetrics(
         waiting_queue_size=8, running_requests=4, kv_cache_usage=14 / 63, models=frozenset({"tiny"}),
         cache_block_size=128, cache_num_blocks=64, update_time=12.5,
+        max_model_len=1024,  # kv_cache_size_tokens 8192 / kv_cache_max_concurrency 8.0: models.json's 1024
     )
 
 
@@ -414,3 +415,25 @@ def test_a_remembered_page_whose_numbers_moved_extracts_as_a_fresh_one(asked: bo
     assert shortcuts > 200
     # Pages read without being parsed: the same page again; and when small, a template match.
     assert unparsed > (100 if asked else 10), unparsed
+
+
+@pytest.mark.parametrize(("size", "concurrency", "longest"), [
+    ("8192", "8.0", 1024), ("8192", "0.5", 16384), ("8192", "0", 0), ("8192", "0.0", 0), ("8192", "NaN", 0),
+    ("8192", "-8", 0), ("8192", "inf", 0), ("1e300", "1", 0), ("x", "8", 0), ("8192", "None", 0),
+    ("8" * 40, "8", 0),
+])
+def test_max_model_len_is_read_from_the_cache_config_or_left_unknown(size: str, concurrency: str, longest: int) -> None:
+    """vLLM has no label of its own for it: kv_cache_size_tokens / kv_cache_max_concurrency. A pod
+    writes both, so a value that is not a sensible length leaves it unknown (0), not invalid: the
+    rest of the scrape stands."""
+    body = (fixture_body("busy").replace(b'kv_cache_size_tokens="8192"', f'kv_cache_size_tokens="{size}"'.encode())
+            .replace(b'kv_cache_max_concurrency="8.0"', f'kv_cache_max_concurrency="{concurrency}"'.encode()))
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.problems == ()
+    assert result.metrics.max_model_len == longest and result.metrics.cache_num_blocks == 64
+
+
+def test_max_model_len_absent_from_an_older_vllm_is_unknown() -> None:
+    body = fixture_body("busy").replace(b'kv_cache_max_concurrency="8.0",', b"")
+    result = extract_metrics(VLLM, body, EMPTY_METRICS, now=1.0)
+    assert result.metrics is not None and result.metrics.max_model_len == 0 and result.problems == ()

@@ -58,3 +58,18 @@ def test_requests_without_max_tokens_teach_the_natural_length() -> None:
         stats.observe(400, 100, 120)
     assert stats.expected_output(None) == 120
     assert stats.expected_output(1000) == 1000  # nothing yet says how this model's clients use it
+
+
+def test_the_engines_longest_sequence_bounds_the_expectation() -> None:
+    """vLLM stops an output at max_model_len, whatever the request's max_tokens: `room` (what the
+    longest sequence leaves after the prompt) bounds it, read as the limit that binds."""
+    stats = ModelStats()
+    assert stats.expected_output(1 << 20, room=700) == 700
+    assert stats.expected_output(300, room=700) == 300
+    assert stats.expected_output(None, room=100) == 100  # the learned mean (256), cut
+    rng = random.Random(4)
+    for _ in range(400):  # a third of the responses run to their limit
+        n = rng.randint(100, 300)
+        stats.observe(400, 100, 4096 if rng.random() < 1 / 3 else n, max_tokens=4096)
+    assert stats.expected_output(1 << 20) > 300_000  # the share at the limit times 2^20
+    assert stats.expected_output(1 << 20, room=4096) == stats.expected_output(4096)

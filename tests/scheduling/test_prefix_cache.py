@@ -337,3 +337,24 @@ def test_a_prefix_pinned_past_the_cache_is_expected_partly_computed_again() -> N
         producer.pre_request(request("doc 0 " + SYSTEM * 3 + " more"), picked)
     shared = share(small.address)
     assert shared is not None and shared < alone / 2
+
+
+def test_a_huge_max_tokens_pushes_nothing_out_where_the_pods_say_their_longest_sequence() -> None:
+    """A client's `max_tokens` of 2^20 is an expected output larger than the pod's whole cache
+    (64 blocks of 16 tokens here); vLLM stops it at `max_model_len` (cache_config_info's
+    `kv_cache_size_tokens / kv_cache_max_concurrency`), and so does its footprint in the index:
+    the four prompts served before it stay in the EPP's view of the pod. A pod that does not say
+    its longest sequence is charged the whole limit, as before."""
+    prompts = [bytes([65 + i]) * 512 for i in range(4)]  # 8 blocks each: 16 tokens x 4 characters
+    for longest, kept in ((256, 8), (0, 0)):
+        ep = endpoint("10.0.0.1", cache_block_size=16, cache_num_blocks=64, max_model_len=longest)
+        scheduler, producer = build()
+        for prompt in prompts:
+            req = request(prompt)
+            serve(scheduler, producer, req, [ep])
+            producer.response_complete(req, ep, None)
+        huge = request(b"q" * 64)
+        huge.max_tokens = 1 << 20
+        serve(scheduler, producer, huge, [ep])
+        for prompt in prompts:
+            assert producer.lookup(request(prompt), [ep]).matched.get(ep.address, 0) == kept, longest

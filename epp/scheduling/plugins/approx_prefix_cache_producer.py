@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from epp.api.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.params import Params
-from epp.datastore import Datastore, Endpoint, EndpointMetrics
+from epp.datastore import Datastore, Endpoint, EndpointMetrics, longest_sequence
 from epp.api.response import Usage
 from epp.scheduling.framework import CycleState, DataProducer, PreRequest, ResponseComplete, SchedulingResult
 from epp.scheduling.prefix_match import PrefixMatch
@@ -217,7 +217,7 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         One pass over every candidate on every pick: every lookup is a local, which at 100
         candidates halves its cost."""
         tpb = match.tokens_per_block or float(match.block_size_tokens)
-        footprint = int(self._footprint_tokens(request, len(request.prompt)) / tpb)
+        footprint = int(self._footprint_tokens(request, len(request.prompt), longest_sequence(endpoints)) / tpb)
         weight_of, matched, evicted = self.index.weights.get, match.matched, match.evicted_tokens
         recompute, holding, hashes = match.recompute_share, self.index.requests_holding, match.hashes
         auto_tune, fixed, scale_of = self.config.auto_tune, self.config.lru_capacity_per_server, self._capacity_scale.get
@@ -252,19 +252,23 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         if prefill is not None and prefill.targets and result.primary_profile != PREFILL_PROFILE:
             targets.append(prefill.targets[0])
         tpb = match.tokens_per_block or float(match.block_size_tokens)
-        footprint = self._footprint_tokens(request, len(request.prompt))
+        footprint = self._footprint_tokens(request, len(request.prompt), longest_sequence(targets))
         extra = max(0, int(footprint / tpb) - len(match.hashes))
         for endpoint in targets:
             self.index.add(match.hashes, endpoint.address, self.lru_capacity(endpoint, tpb), extra)
         request.state[self.name] = (match, target.address, [e.address for e in targets])
         self._record(match, target)
 
-    def _footprint_tokens(self, request: InferenceRequest, prompt_chars: int) -> int:
-        """KV tokens the request will hold: its prompt and the output it is expected to write."""
+    def _footprint_tokens(self, request: InferenceRequest, prompt_chars: int, longest: int = 0) -> int:
+        """KV tokens the request will hold: its prompt and the output it is expected to write, at
+        most the pods' longest sequence when they say it (`longest_sequence`: vLLM stops the output
+        there, so a client's huge `max_tokens` does not push every other prefix out)."""
         if self._datastore is None:
-            return prompt_chars // CHARS_PER_TOKEN + (request.max_tokens or 0)
-        stats = self._datastore.models.get(request.target_model)
-        return stats.prompt_tokens(prompt_chars) + stats.expected_output(request.max_tokens)
+            tokens = prompt_chars // CHARS_PER_TOKEN + (request.max_tokens or 0)
+        else:
+            stats = self._datastore.models.get(request.target_model)
+            tokens = stats.prompt_tokens(prompt_chars) + stats.expected_output(request.max_tokens)
+        return min(tokens, longest) if longest > 0 else tokens
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
         held = request.state.pop(self.name, None)

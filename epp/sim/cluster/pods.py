@@ -34,7 +34,7 @@ class ClusterPod:
     """An engine on the loop's clock; `on_finish(request)` is called as requests end."""
 
     __slots__ = ("index", "engine", "loop", "on_finish", "on_first_token", "itl_sum", "itl_count", "last_scrape",
-                 "_max_loras", "_num_blocks", "_block_size", "busy_time", "itl_hist", "kv_feed", "_models")
+                 "_max_loras", "_num_blocks", "_block_size", "_max_model_len", "busy_time", "itl_hist", "kv_feed", "_models")
 
     def __init__(self, index: int, config: EngineConfig, loop: asyncio.AbstractEventLoop,
                  on_finish: Callable[[Request], None], step_time: StepTimeModel | None = None) -> None:
@@ -55,6 +55,7 @@ class ClusterPod:
         self._models: frozenset[str] = frozenset()  # the served model's name, as vLLM labels its metrics
         self._num_blocks = config.num_gpu_blocks
         self._block_size = config.block_size
+        self._max_model_len = config.max_model_len  # as vLLM's cache_config_info says it
         self.kv_feed: KVEventFeed | None = None
 
     def publish_kv_events(self, feed: KVEventFeed) -> None:
@@ -141,6 +142,7 @@ class ClusterPod:
             max_active_models=self._max_loras,
             cache_block_size=self._block_size,
             cache_num_blocks=self._num_blocks,
+            max_model_len=self._max_model_len,
             update_time=now,
             inter_token_latency=itl,
             itl_sum=self.itl_sum,
