@@ -58,8 +58,8 @@ def test_the_board_round_trips_a_state_and_stats() -> None:
         ep.metrics = EndpointMetrics(waiting_queue_size=3, running_requests=7, kv_cache_usage=0.25,
                                      models=frozenset({"base", "ünïcode"}), active_models=frozenset({"a1", "a2"}),
                                      waiting_models=frozenset(), max_active_models=4, cache_block_size=16,
-                                     cache_num_blocks=1 << 33, max_model_len=131072, update_time=12.5, inter_token_latency=0.02,
-                                     itl_sum=4.5, itl_count=300.0)
+                                     cache_num_blocks=1 << 33, max_model_len=131072, update_time=12.5,
+                                     inter_token_latency=0.02, itl_sum=4.5, itl_count=300.0)
         ep.metrics_valid = False
         ep.metrics_asked = 12.25  # (the page was asked for before it arrived)
         ep.scrape_error = "invalid metrics: vllm:kv_cache_usage_perc: 85.0 is not a valid fraction"
