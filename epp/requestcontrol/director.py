@@ -238,6 +238,9 @@ class Director:
     def _account(self, request: InferenceRequest, endpoint: Endpoint, *, admitted: bool = False,
                  result: SchedulingResult | None = None) -> RequestRecord:
         tokens = request.prompt_tokens_estimate + (request.max_tokens or 0)
+        longest = endpoint.metrics.max_model_len
+        if 0 < longest < tokens:  # vLLM stops the output there: a huge max_tokens holds no more
+            tokens = longest
         endpoint.inflight_requests += 1
         endpoint.inflight_tokens += tokens
         if self.metrics:

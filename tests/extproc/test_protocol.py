@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import orjson
 import pytest
@@ -237,6 +238,26 @@ async def test_a_negative_token_limit_leaves_no_inflight_tokens_behind() -> None
             await client.recv(1)
         assert inflight(picker) == 0
         assert sum(ep.inflight_tokens for ep in picker.datastore.endpoints()) == 0
+
+
+async def test_a_huge_token_limit_counts_up_to_the_pods_longest_sequence() -> None:
+    """`max_tokens: 2^20` on a pod whose vLLM says a max_model_len of 1,024 (its cache_config_info)
+    holds at most 1,024 tokens there, as the engine stops its output: the pod's in-flight tokens
+    (the token-load scorer's and the token-mode concurrency detector's signal) are not swollen by
+    one client's number, and return to zero at the end."""
+    async with running_picker(static_endpoints="10.0.0.1:8000") as picker, channel_to(picker) as channel:
+        (ep,) = picker.datastore.endpoints()
+        ep.metrics = dataclasses.replace(ep.metrics, max_model_len=1024)
+        client = ExtProcClient(channel)
+        await client.send(headers_msg(request_headers()), body_msg(completion(stream=True, max_tokens=1 << 20)))
+        await client.recv(2)
+        assert 0 < ep.inflight_tokens <= 1024
+        done = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\ndata: [DONE]\n\n'
+        await client.send(response_headers_msg({":status": "200", "content-type": "text/event-stream"}))
+        await client.recv(1)
+        await client.send(response_body_msg(done, eos=True))
+        await client.recv(1)
+        assert inflight(picker) == 0 and ep.inflight_tokens == 0
 
 
 async def test_client_disconnect_after_pick_leaves_no_inflight_count() -> None:
