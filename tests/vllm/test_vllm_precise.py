@@ -190,6 +190,8 @@ async def check_the_default_profile_learns_from_real_responses_on_the_shipped_co
         assert envoy.config.observed
         endpoints = list(picker.datastore.endpoints())
         await until(lambda: all(ep.metrics.kv_capacity_tokens > 0 and ep.metrics_valid for ep in endpoints))
+        # its --max-model-len, read from cache_config_info (kv_cache_size_tokens / kv_cache_max_concurrency)
+        assert all(ep.metrics.max_model_len == 1024 for ep in endpoints)
         before = sum(ep.service.observations for ep in endpoints)
         generated = 0
         streamed = 0
