@@ -26,7 +26,8 @@ epp/local/envoy.py, manifests/) and `reference`
   same run, with pages whose numbers move on every scrape (`bench/moving_pages.py`) and with
   static ones (which back off); and the metrics' age as the EPP exposes it.
 - tokens: inter-token latency and EPP CPU per streamed chunk on both Envoy configs, same EPP,
-  same pods, alternating; Envoy without the EPP as the floor.
+  same pod, alternating; Envoy without the EPP as the floor (one pod: with two, the routing
+  would decide the batch sizes, and with them the ITL).
 - floor: the same loads against an ext_proc server that does nothing (`bench/grpc_floor.py`):
   the CPU gRPC in Python costs per request and per chunk before the EPP does any work.
 - index: the approximate prefix index's add and end when a pod's requests in flight pin more
@@ -502,17 +503,21 @@ async def _stream_loop(url: str, concurrency: int, duration: float, max_tokens: 
 
 async def part_tokens(args: argparse.Namespace) -> list[str]:
     lines = ["## The token path", "",
-             f"2 simulated pods (H100 step times, real time), {args.stream_concurrency} concurrent streams of "
+             f"1 simulated pod (H100 step times, real time), {args.stream_concurrency} concurrent streams of "
              f"{args.stream_tokens} tokens, {args.duration:g} s per path, two alternating rounds, one EPP behind "
              "two Envoys: `shipped` (responses never wait on the EPP; the observer filter reports each streamed "
              "response's first token, Envoy's access log its usage and end) and `reference` (every chunk through "
              "the EPP); Envoy "
              "without the EPP as the floor. ITL = gap between SSE token events at the client; `added` is the "
              "difference to Envoy alone in the same run. EPP CPU per chunk includes the per-request work spread "
-             "over the chunks. Goal on the shipped config: ITL added ≤ 0.1 ms p99.", "",
+             "over the chunks. One pod, so that every path's streams share the same decode batch: with two, the "
+             "EPP's split of the streams differs from Envoy's round-robin (its picks are not round-robin), "
+             "their batch sizes with it, and the difference in ITL is the routing's, not the path's. Goal on "
+             "the shipped config: ITL added ≤ 0.1 ms p99.", "",
              "| path | streams done | token events | ITL p50 ms | ITL p99 ms | ITL p99 added ms | TTFT p50 ms | "
              "EPP CPU (cores) | EPP CPU per chunk |", "|---|---|---|---|---|---|---|---|---|"]
-    spec = PodSpec(count=2, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
+    # One pod: the same decode batch on every path (the table's description says why).
+    spec = PodSpec(count=1, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
     with Pods(spec, "cost-tokens") as sims, epp_stack(sims.addresses, "tokens") as epp, \
             plain_envoy(sims.addresses) as bare:
         paths = {f"envoy + epp ({SHIPPED})": epp.envoys[SHIPPED].url,
@@ -582,7 +587,7 @@ async def part_floor(args: argparse.Namespace) -> list[str]:
             per = (cpu_seconds(proc.pid) - c0) / max(1, len(r.latencies))
             args.figures.setdefault("floor", {})[f"requests {mode}"] = per
             lines.append(f"| small requests, 10 stubs | {mode} | {r.rps:,.0f} req/s | {per * 1e3:.2f} ms |")
-    spec = PodSpec(count=2, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
+    spec = PodSpec(count=1, profile="h100-llama3-8b", num_gpu_blocks=0, max_num_seqs=256, time_scale=1.0)
     with Pods(spec, "cost-floor") as sims, floor_server(sims.addresses) as (proc, port), \
             mode_envoys(port, tls=False) as envoys:
         for mode, envoy in envoys.items():
