@@ -8,6 +8,7 @@ from epp.datastore.endpoint import (
     EndpointSpec,
     join_host_port,
     longest_sequence,
+    output_room,
     split_host_port,
 )
 from epp.datastore.load import EndpointLoad, Outstanding
@@ -23,6 +24,7 @@ __all__ = [
     "EndpointSpec",
     "join_host_port",
     "longest_sequence",
+    "output_room",
     "split_host_port",
     "EndpointLoad",
     "Outstanding",

@@ -166,3 +166,10 @@ def longest_sequence(endpoints: Iterable[Endpoint]) -> int:
         if length > longest:
             longest = length
     return longest
+
+
+def output_room(longest: int, prompt: int) -> int:
+    """The output tokens a `longest`-token sequence (`longest_sequence`) leaves after a `prompt`
+    of that many tokens, at least 1 — for `ModelStats.expected_output(max_tokens, room)`; 0 (no
+    bound) when `longest` is unknown."""
+    return max(1, longest - prompt) if longest > 0 else 0

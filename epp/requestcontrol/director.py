@@ -19,7 +19,7 @@ import orjson
 from epp.api.preparer import RequestPreparer
 from epp.api.request import InferenceRequest
 from epp.api.response import Usage
-from epp.datastore import Datastore, Endpoint, Outstanding, split_host_port
+from epp.datastore import Datastore, Endpoint, Outstanding, output_room, split_host_port
 from epp.errors import Code, EppError
 from epp.flowcontrol.admission import Admission
 from epp.observability.trace import DecisionRecord, DecisionTrace
@@ -272,8 +272,7 @@ class Director:
         else:  # no predicted-latency producer configured: the service model's own estimate
             stats = self.datastore.models.get(request.target_model)
             prompt = stats.prompt_tokens(len(request.prompt))
-            longest = endpoint.metrics.max_model_len
-            output = stats.expected_output(request.max_tokens, max(1, longest - prompt) if longest > 0 else 0)
+            output = stats.expected_output(request.max_tokens, output_room(endpoint.metrics.max_model_len, prompt))
             cached = min(prompt - 1, held_tokens(result.cycle.data, endpoint.address)) if result is not None else 0
             item = Outstanding(prompt, max(0, cached), max(1, output), now, streamed=request.stream,
                                model=request.target_model)

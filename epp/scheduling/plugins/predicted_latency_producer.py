@@ -141,7 +141,7 @@ import math
 from typing import TYPE_CHECKING
 
 from epp.api.request import InferenceRequest
-from epp.datastore import Datastore, Endpoint, EndpointMetrics, ModelStats, StepCosts, longest_sequence
+from epp.datastore import Datastore, Endpoint, EndpointMetrics, ModelStats, StepCosts, longest_sequence, output_room
 from epp.datastore.load import RATE_WINDOW as LOAD_RATE_WINDOW
 from epp.datastore.load import ENDING_UNIT, EndpointLoad, coverage
 from epp.params import Params
@@ -307,8 +307,7 @@ class PredictedLatencyProducer(DataProducer):
             match = None
         stats = self.datastore.models.get(request.target_model)
         prompt = stats.prompt_tokens(len(request.prompt))
-        longest = longest_sequence(endpoints)
-        output = max(1, stats.expected_output(request.max_tokens, max(1, longest - prompt) if longest else 0))
+        output = max(1, stats.expected_output(request.max_tokens, output_room(longest_sequence(endpoints), prompt)))
         now = self.datastore.clock()
         returned = False  # a prompt asked for again that came in cold (`_charge_evictions`)
         if match is not None and match.hashes:
