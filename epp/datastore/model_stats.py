@@ -10,18 +10,28 @@ usually a generous limit. Which one a model's clients mean is learned, not assum
 responses that ran to their `max_tokens` (`at_limit`). A request then expects
 `at_limit × max_tokens + (1 − at_limit) × min(max_tokens, mean output of those that stopped
 earlier)` — the mean of a natural length cut at the limit, plus the runs that reach it.
+
+Output lengths are also learned per flow (the fairness ID a request carries: a tenant, an
+application), since one model serves clients whose answers differ by ten times — a chat's 150
+tokens beside a batch job's 1,000 — and a model's mean prices both wrong: the batch job's decode,
+slot and KV stay at a seventh of what it holds. A flow's own numbers are used once it has
+`_MIN_SAMPLES` responses (`ModelStatsTable.output_stats`); until then the model's.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TypeVar
 
 DEFAULT_CHARS_PER_TOKEN = 4.0  # the reference's estimate, until a response says otherwise
 DEFAULT_OUTPUT_TOKENS = 256.0
 DEFAULT_PROMPT_TOKENS = 512.0
 _MAX_MODELS = 64  # model names come from clients: a bounded table
+_MAX_FLOWS = 4096  # so are flow IDs: the least recently seen (model, flow) leaves first
 _MIN_SAMPLES = 8  # responses before the learned numbers are trusted
+
+K = TypeVar("K")
 
 
 @dataclass(slots=True)
@@ -89,22 +99,47 @@ def _alpha(samples: int) -> float:
 
 
 class ModelStatsTable:
-    """Per target model; the least recently seen model leaves when the table is full."""
+    """Per target model, and per (model, flow) for output lengths; in each, the least recently
+    seen entry leaves when the table is full."""
 
-    __slots__ = ("_stats",)
+    __slots__ = ("_stats", "_flows")
 
     def __init__(self) -> None:
         self._stats: OrderedDict[str, ModelStats] = OrderedDict()
+        self._flows: OrderedDict[tuple[str, str], ModelStats] = OrderedDict()
 
     def get(self, model: str) -> ModelStats:
-        stats = self._stats.get(model)
-        if stats is None:
-            stats = self._stats[model] = ModelStats()
-            if len(self._stats) > _MAX_MODELS:
-                self._stats.popitem(last=False)
-        else:
-            self._stats.move_to_end(model)
-        return stats
+        return _lookup(self._stats, model, _MAX_MODELS)
+
+    def output_stats(self, model: str, flow: str) -> ModelStats:
+        """Whose numbers say how long this request's output will be (`expected_output`,
+        `length_certainty`): its flow's once that has `_MIN_SAMPLES` responses, else its model's."""
+        stats = self._flows.get((model, flow))
+        if stats is not None and stats.samples >= _MIN_SAMPLES:
+            self._flows.move_to_end((model, flow))
+            return stats
+        return self.get(model)
+
+    def observe(self, model: str, flow: str, prompt_chars: int, prompt_tokens: int, output_tokens: int,
+                max_tokens: int | None = None) -> None:
+        """A served response's usage, learned for its model and its flow."""
+        self.get(model).observe(prompt_chars, prompt_tokens, output_tokens, max_tokens)
+        _lookup(self._flows, (model, flow), _MAX_FLOWS).observe(prompt_chars, prompt_tokens, output_tokens,
+                                                                max_tokens)
 
     def __len__(self) -> int:
         return len(self._stats)
+
+    def flows(self) -> int:
+        return len(self._flows)
+
+
+def _lookup(table: OrderedDict[K, ModelStats], key: K, limit: int) -> ModelStats:
+    stats = table.get(key)
+    if stats is None:
+        stats = table[key] = ModelStats()
+        if len(table) > limit:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    return stats

@@ -270,9 +270,9 @@ class Director:
                 item.step_feature = prediction.step_feature
                 item.prefill_feature = prediction.prefill_feature
         else:  # no predicted-latency producer configured: the service model's own estimate
-            stats = self.datastore.models.get(request.target_model)
-            prompt = stats.prompt_tokens(len(request.prompt))
-            output = stats.expected_output(request.max_tokens, output_room(endpoint.metrics.max_model_len, prompt))
+            prompt = self.datastore.models.get(request.target_model).prompt_tokens(len(request.prompt))
+            lengths = self.datastore.models.output_stats(request.target_model, request.fairness_id)
+            output = lengths.expected_output(request.max_tokens, output_room(endpoint.metrics.max_model_len, prompt))
             cached = min(prompt - 1, held_tokens(result.cycle.data, endpoint.address)) if result is not None else 0
             item = Outstanding(prompt, max(0, cached), max(1, output), now, streamed=request.stream,
                                model=request.target_model)
@@ -413,8 +413,9 @@ class Director:
         elif record.decode_seen is not None:  # its usage came after its end
             self._learn_decode(record, record.decode_seen, usage)
         if usage is not None and not record.error_code and record.request.body is not None:
-            self.datastore.models.get(record.request.target_model).observe(
-                record.request.prompt_chars, usage.prompt_tokens, usage.completion_tokens, record.request.max_tokens)
+            self.datastore.models.observe(record.request.target_model, record.request.fairness_id,
+                                          record.request.prompt_chars, usage.prompt_tokens, usage.completion_tokens,
+                                          record.request.max_tokens)
         if record.admitted:
             try:
                 self.admission.completed(record.request, usage)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from epp.datastore.model_stats import DEFAULT_OUTPUT_TOKENS, ModelStats
+from epp.datastore.model_stats import DEFAULT_OUTPUT_TOKENS, ModelStats, ModelStatsTable
 
 
 def test_without_samples_max_tokens_is_the_expectation() -> None:
@@ -73,3 +73,30 @@ def test_the_engines_longest_sequence_bounds_the_expectation() -> None:
         stats.observe(400, 100, 4096 if rng.random() < 1 / 3 else n, max_tokens=4096)
     assert stats.expected_output(1 << 20) > 300_000  # the share at the limit times 2^20
     assert stats.expected_output(1 << 20, room=4096) == stats.expected_output(4096)
+
+
+def test_output_lengths_are_learned_per_flow() -> None:
+    """One model, two flows whose answers differ by ten times: each flow expects its own length
+    once it has enough responses; before that, and for a flow never seen, the model's mean."""
+    table = ModelStatsTable()
+    assert table.output_stats("m", "batch") is table.get("m")
+    for i in range(7):
+        table.observe("m", "chat", 400, 100, 100, max_tokens=1024)
+        table.observe("m", "batch", 400, 100, 1000, max_tokens=2048)
+    assert table.output_stats("m", "batch") is table.get("m")  # 7 responses: not yet trusted
+    for _ in range(200):
+        table.observe("m", "chat", 400, 100, 100, max_tokens=1024)
+        table.observe("m", "batch", 400, 100, 1000, max_tokens=2048)
+    assert table.output_stats("m", "chat").expected_output(1024) == 100
+    assert table.output_stats("m", "batch").expected_output(2048) == 1000
+    assert 300 < table.output_stats("m", "new-tenant").expected_output(2048) < 800  # the model's mixture
+    assert table.output_stats("other-model", "batch") is table.get("other-model")
+
+
+def test_the_flow_table_is_bounded() -> None:
+    """Flow IDs come from clients: a client cycling through them cannot grow the table."""
+    table = ModelStatsTable()
+    for i in range(5000):
+        table.observe("m", f"tenant-{i}", 400, 100, 50)
+    assert table.flows() == 4096
+    assert len(table) == 1

@@ -257,6 +257,29 @@ def test_a_long_generation_is_charged_on_a_pod_whose_kv_forecast_binds_before_it
     assert cycle.predictions[herded.address].kv_time_charge == 0.0
 
 
+def test_a_flow_is_expected_to_write_what_its_own_responses_wrote() -> None:
+    """A chat flow answers in ~100 tokens and a batch flow in ~1,000, both asking for up to 2,048:
+    each request is predicted with its flow's length, so the batch job's decode is priced at ten
+    times the chat's, not both at the model's mean of the mix."""
+    store = pool()
+    for _ in range(100):
+        store.models.observe("m", "chat", 4_000, 1_000, 100, max_tokens=2_048)
+        store.models.observe("m", "batch", 4_000, 1_000, 1_000, max_tokens=2_048)
+    producer = PredictedLatencyProducer(datastore=store)
+
+    def predicted(flow: str) -> Prediction:
+        req = request("x" * 4_000, max_tokens=2_048)
+        req.fairness_id = flow
+        cycle = CycleState()
+        producer.prepare(cycle, req, list(store.endpoints()))
+        return next(iter(cycle.predictions.values()))
+
+    chat, batch, unknown = predicted("chat"), predicted("batch"), predicted("someone-new")
+    assert chat.output_tokens == 100 and batch.output_tokens == 1_000
+    assert 400 < unknown.output_tokens < 700  # the model's: the two flows' mixture
+    assert batch.decode_charge > 5 * chat.decode_charge
+
+
 def test_a_pod_yet_to_show_its_batch_limit_is_held_to_the_one_its_pool_showed() -> None:
     """vLLM does not export max_num_seqs; each pod's scrapes reveal it (`BatchLimit`). Until a pod's
     own do, it is assumed to run the smallest limit another candidate has shown: else the pods

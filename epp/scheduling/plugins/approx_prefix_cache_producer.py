@@ -266,8 +266,9 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
         if self._datastore is None:
             tokens = prompt_chars // CHARS_PER_TOKEN + (request.max_tokens or 0)
         else:
-            stats = self._datastore.models.get(request.target_model)
-            tokens = stats.prompt_tokens(prompt_chars) + stats.expected_output(request.max_tokens)
+            models = self._datastore.models
+            tokens = (models.get(request.target_model).prompt_tokens(prompt_chars)
+                      + models.output_stats(request.target_model, request.fairness_id).expected_output(request.max_tokens))
         return min(tokens, longest) if longest > 0 else tokens
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:

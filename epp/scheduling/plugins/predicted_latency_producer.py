@@ -307,7 +307,8 @@ class PredictedLatencyProducer(DataProducer):
             match = None
         stats = self.datastore.models.get(request.target_model)
         prompt = stats.prompt_tokens(len(request.prompt))
-        output = max(1, stats.expected_output(request.max_tokens, output_room(longest_sequence(endpoints), prompt)))
+        lengths = self.datastore.models.output_stats(request.target_model, request.fairness_id)
+        output = max(1, lengths.expected_output(request.max_tokens, output_room(longest_sequence(endpoints), prompt)))
         now = self.datastore.clock()
         returned = False  # a prompt asked for again that came in cold (`_charge_evictions`)
         if match is not None and match.hashes:
@@ -328,7 +329,7 @@ class PredictedLatencyProducer(DataProducer):
         learned = stats.limited_samples if request.max_tokens else stats.samples
         kv_forecast = self.kv_forecast_charge and learned >= _KV_FORECAST_SAMPLES
         found = self.predict_all(endpoints, match, prompt, output, now, stats, source, arrivals, request.target_model,
-                                 stats.length_certainty(request.max_tokens), kv_floor, kv_pressure, kv_forecast,
+                                 lengths.length_certainty(request.max_tokens), kv_floor, kv_pressure, kv_forecast,
                                  kv_uses)
         saturated = self.saturated_pool and 0 < full == len(endpoints)  # the pool past its capacity
         if saturated:
