@@ -77,6 +77,7 @@ class DecisionRecord:
             rows.append({"address": address, "ttft_ms": round(p.ttft * 1e3, 2), "cost_ms": round(p.cost * 1e3, 2),
                          "queued_prefill": round(p.queued_prefill), "own_prefill": p.own_prefill,
                          "cache_credit": p.cached_tokens, "recompute": p.recompute_tokens,
+                         "expected_output": p.output_tokens,
                          "credited_ttft_ms": round((p.credited_ttft or p.ttft) * 1e3, 2),
                          "uncalibrated_ttft_ms": round((p.raw_ttft or p.ttft) * 1e3, 2),
                          "drain_ms": round(p.drain_seconds * 1e3, 2),

@@ -114,6 +114,7 @@ class Prediction:
         """`ttft=...ms(q=...,own=...,hit=...,wait=...ms)` for the debug header and logs."""
         return (f"ttft={self.ttft * 1e3:.1f}ms,cost={self.cost * 1e3:.1f}ms(q={self.queued_prefill:.0f},own={self.own_prefill},"
                 f"hit={self.cached_tokens}" + (f",recompute={self.recompute_tokens}" if self.recompute_tokens else "")
+                + f",out={self.output_tokens}"
                 + f",wait={self.wait_seconds * 1e3:.1f}ms"
                 + (f",paced_wait={self.paced_wait_seconds * 1e3:.1f}ms"
                    if self.paced_wait_seconds != self.wait_seconds else "")
