@@ -29,6 +29,7 @@ DEFAULT_OUTPUT_TOKENS = 256.0
 DEFAULT_PROMPT_TOKENS = 512.0
 _MAX_MODELS = 64  # model names come from clients: a bounded table
 _MAX_FLOWS = 4096  # so are flow IDs: the least recently seen (model, flow) leaves first
+_MAX_FLOW_CHARS = 256  # a longer flow ID is not learned (its requests get the model's numbers)
 _MIN_SAMPLES = 8  # responses before the learned numbers are trusted
 
 K = TypeVar("K")
@@ -124,8 +125,9 @@ class ModelStatsTable:
                 max_tokens: int | None = None) -> None:
         """A served response's usage, learned for its model and its flow."""
         self.get(model).observe(prompt_chars, prompt_tokens, output_tokens, max_tokens)
-        _lookup(self._flows, (model, flow), _MAX_FLOWS).observe(prompt_chars, prompt_tokens, output_tokens,
-                                                                max_tokens)
+        if len(flow) <= _MAX_FLOW_CHARS:  # (a header's worth of ID, times 4,096 entries, is memory)
+            _lookup(self._flows, (model, flow), _MAX_FLOWS).observe(prompt_chars, prompt_tokens, output_tokens,
+                                                                    max_tokens)
 
     def __len__(self) -> int:
         return len(self._stats)
