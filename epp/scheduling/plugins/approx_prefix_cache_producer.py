@@ -267,8 +267,8 @@ class ApproxPrefixCacheProducer(DataProducer, PreRequest, ResponseComplete):
             tokens = prompt_chars // CHARS_PER_TOKEN + (request.max_tokens or 0)
         else:
             models = self._datastore.models
-            tokens = (models.get(request.target_model).prompt_tokens(prompt_chars)
-                      + models.output_stats(request.target_model, request.fairness_id).expected_output(request.max_tokens))
+            lengths = models.output_stats(request.target_model, request.fairness_id)
+            tokens = models.get(request.target_model).prompt_tokens(prompt_chars) + lengths.expected_output(request.max_tokens)
         return min(tokens, longest) if longest > 0 else tokens
 
     def response_complete(self, request: InferenceRequest, endpoint: Endpoint | None, usage: Usage | None) -> None:
